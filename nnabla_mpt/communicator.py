@@ -4,7 +4,9 @@ that data-parallel training uses.
 ``mpi4py`` is imported only when an :class:`MPICommunicator` is constructed, so
 ``import nnabla_mpt`` never initialises MPI.
 """
+import os
 import sys
+import time
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -16,6 +18,7 @@ __all__ = ["MPICommunicator"]
 
 Algorithm = Literal["reduce_scatter", "reduce_bcast"]
 _ALGORITHMS = ("reduce_scatter", "reduce_bcast")
+_ABORT_GRACE_SECONDS = 0.2
 
 # The communicator that the process-wide exception hook aborts; set by the first
 # MPICommunicator created with abort_on_exception=True.
@@ -33,8 +36,24 @@ def _abort_excepthook(exc_type, exc, tb):
             return
         logger.error("rank %d of %d raised %s; aborting the MPI job (error code 1)",
                      comm.rank, comm.size, exc_type.__name__)
-        _flush_std_streams()
-        comm.comm.Abort(1)
+        _hard_abort(comm.comm, 1)
+
+
+def _hard_abort(mpi_comm: Any, errorcode: int) -> None:
+    """``MPI_Abort`` and never return.
+
+    Some MPI implementations (MPICH among them) return from ``MPI_Abort`` after asking the
+    launcher to kill the job; the calling rank must not run on meanwhile (for example into
+    a collective its peers never reach, or into writing a checkpoint), so it exits at once.
+    """
+    _flush_std_streams()
+    # Give the launcher a moment to forward what this rank just wrote (the traceback):
+    # the abort kills the processes that relay the output.
+    time.sleep(_ABORT_GRACE_SECONDS)
+    try:
+        mpi_comm.Abort(errorcode)
+    finally:
+        os._exit(errorcode)
 
 
 def _flush_std_streams() -> None:
@@ -104,13 +123,15 @@ class MPICommunicator:
     ``inf``, which an overflow check then sees. If any array is float64 (or an integer
     type wider than 16 bits) the buffer is float64.
 
-    **Bitwise agreement.** ``MPI_Allreduce`` does not promise that every rank receives
-    the same bits: with more than two ranks, implementations may add the contributions
-    in a different order on different ranks, and floating-point addition is not
-    associative. A loss-scaling updater decides "skip or update" from the reduced
-    gradients, so ranks that disagree in the last bit can take different branches and
-    diverge or hang. This class therefore uses a scheme in which every element of the
-    result is computed exactly once, on one rank, and then only copied:
+    **Bitwise agreement.** A loss-scaling updater decides "skip or update" from the
+    reduced gradients, so ranks whose results differ in the last bit can take different
+    branches and diverge or hang. Floating-point addition is not associative, and with
+    more than two ranks an ``MPI_Allreduce`` algorithm may combine the contributions in
+    a different order on different ranks; the MPI standard asks for identical results,
+    but not every implementation and algorithm has delivered them (MPICH's
+    recursive-exchange all-reduce did not until 2023, pmodels/mpich#6538). This class
+    does not rely on it: it uses a scheme in which every element of the result is
+    computed exactly once, on one rank, and then only copied:
 
     * ``algorithm="reduce_scatter"`` (default): ``Reduce_scatter_block`` leaves block
       ``i`` of the sum on rank ``i`` only, then ``Allgather`` copies the blocks to all
@@ -263,10 +284,11 @@ class MPICommunicator:
             buf[:total] /= self._size
 
         off = 0
-        for a, dt, n in zip(arrays, dtypes, sizes):
-            out = a.get_data("w", dtype=dt)
-            np.copyto(out.reshape(-1), buf[off:off + n], casting="unsafe")
-            off += n
+        with np.errstate(over="ignore"):  # a float16 result beyond 65504 becomes inf, by design
+            for a, dt, n in zip(arrays, dtypes, sizes):
+                out = a.get_data("w", dtype=dt)
+                np.copyto(out.reshape(-1), buf[off:off + n], casting="unsafe")
+                off += n
 
     def bcast(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]], src: int = 0,
               inplace: bool = False, group: str = "world") -> None:
@@ -351,14 +373,17 @@ class MPICommunicator:
     def abort(self, errorcode: int = 1) -> None:
         """Terminate every process of the job with ``errorcode`` (``MPI_Abort``).
 
+        Does not return: this process exits right after asking the launcher to end the job.
+
         Args:
             errorcode: Exit status requested from the launcher.
         """
         if not isinstance(errorcode, (int, np.integer)) or isinstance(errorcode, bool):
             raise TypeError(f"errorcode must be an int, got {type(errorcode).__name__}: "
                             f"{errorcode!r}")
-        _flush_std_streams()
-        self._comm.Abort(int(errorcode))
+        logger.error("rank %d of %d aborts the MPI job (error code %d)", self._rank, self._size,
+                     int(errorcode))
+        _hard_abort(self._comm, int(errorcode))
 
     # ------------------------------------------------------------------ internals
     def _reduce(self, buf: np.ndarray) -> None:
