@@ -596,11 +596,15 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
         data_feeder: Called with no arguments before every forward, or None.
         scale: The loss scale; ``>= 1``.
         enable_overflow_check: Skip steps whose gradients overflowed.
-        clear_buffer, accum_grad, weight_decay, comm, grads: as for
-            :class:`DynamicLossScalingUpdater`.
-        overflow_mode, clip_grad_norm, max_retries, average_accum, average_ranks,
-            accelerate_train_mode, total_steps, final_loss, high_precision_loss: as for
-            :class:`DynamicLossScalingUpdater` (keyword-only).
+        clear_buffer: As for :class:`DynamicLossScalingUpdater`.
+        accum_grad: As for :class:`DynamicLossScalingUpdater`.
+        weight_decay: As for :class:`DynamicLossScalingUpdater`.
+        comm: As for :class:`DynamicLossScalingUpdater`.
+        grads: As for :class:`DynamicLossScalingUpdater`.
+        **options: The keyword-only options of :class:`DynamicLossScalingUpdater` that do not
+            concern a dynamic scale: ``overflow_mode``, ``clip_grad_norm``, ``max_retries``,
+            ``average_accum``, ``average_ranks``, ``accelerate_train_mode``, ``total_steps``,
+            ``final_loss``, ``high_precision_loss``.
     """
 
     def __init__(self, solver, loss, data_feeder: Optional[Callable[[], Any]] = None,
