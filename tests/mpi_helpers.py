@@ -15,6 +15,8 @@ TIMEOUT = 120  # seconds; every launch is bounded so a hang fails the test inste
 def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
     """Launch ``mpiexec -n n python mpi_workers/<worker> <outdir> <args...>``.
 
+    ``worker`` may also be an absolute path; ``outdir=None`` passes no output directory.
+
     Returns the CompletedProcess; raises ``subprocess.TimeoutExpired`` on a hang (after
     killing the launcher and its ranks).
     """
@@ -26,8 +28,9 @@ def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
         [str(WORKERS), str(WORKERS.parent.parent)] + [full_env.get("PYTHONPATH", "")])
     if env:
         full_env.update(env)
-    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(WORKERS / worker), str(outdir),
-           *map(str, args)]
+    script = WORKERS / worker  # an absolute path stays as it is
+    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(script),
+           *([] if outdir is None else [str(outdir)]), *map(str, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env, start_new_session=True)
     try:

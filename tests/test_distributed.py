@@ -3,7 +3,9 @@
 The worker (tests/mpi_workers/train.py) trains with MPICommunicator on 2 or 3 ranks and
 saves what every rank saw; the assertions are here.
 """
+import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +122,14 @@ def test_rank_raising_mid_training_ends_the_job(tmp_path, n):
     # every rank completed steps 0-2, none got past the failed step
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         f"rank{r}_step{i}" for r in range(n) for i in range(3))
+
+
+def test_digits_example_reports_the_same_accuracy_on_every_rank():
+    example = Path(__file__).resolve().parents[1] / "examples" / "digits_distributed.py"
+    result = run_mpi(2, example, None, "--precision", "float", "--steps", "120")
+    check_ok(result)
+    accuracies = re.findall(r"rank (\d)/2: final test accuracy (\d\.\d+)", result.stdout)
+    assert [r for r, _ in accuracies] == ["0", "1"]
+    assert accuracies[0][1] == accuracies[1][1]
+    assert float(accuracies[0][1]) > 0.88  # 120 steps of batch 64 already learn the digits
+    assert "accuracy identical on every rank: yes" in result.stdout
