@@ -275,6 +275,8 @@ class MPICommunicator:
         _check_bool("inplace", inplace)
         self._check_group(group)
         self.n_all_reduce_calls += 1
+        if self._size == 1:
+            return  # the sum over one rank is the array itself, and so is the average
 
         dtypes = [_dtype_of(a) for a in arrays]
         dtype = _reduction_dtype(dtypes)
@@ -287,8 +289,7 @@ class MPICommunicator:
                        out=buf[:total], casting="unsafe")
         buf[total:] = 0
 
-        if self._size > 1:
-            self._reduce(buf)
+        self._reduce(buf)
         if division:
             buf[:total] /= self._size
 
