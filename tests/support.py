@@ -1,0 +1,113 @@
+"""Small real nnabla networks and data for the tests.
+
+Every network is tiny on purpose: float16 arithmetic on the CPU is slow. Parameters and
+batches come from fixed seeds, so two networks built with the same arguments start from the
+same parameters and see the same data.
+"""
+from typing import Dict, Optional
+
+import numpy as np
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla.ext_utils import get_extension_context
+
+
+def context(type_config: str = "float"):
+    return get_extension_context("cpu", type_config=type_config)
+
+
+class Net:
+    """``x -> [tanh(affine)] -> affine -> mean squared error against t``.
+
+    Without ``hidden`` the model is linear, ``y = x W + b``, and its gradients are known in
+    closed form (:func:`linear_mse_grads`).
+
+    Args:
+        type_config: ``"float"`` or ``"half"``; the graph and solvers use this context.
+        scope: Parameter scope; parameter names are given relative to it.
+        huge: Factor applied to ``x`` of a batch fed with ``huge=True``. 1e3 keeps every value
+            finite in float32 but overflows float16 in the loss.
+    """
+
+    def __init__(self, type_config: str = "float", *, batch: int = 4, d_in: int = 3,
+                 hidden: Optional[int] = None, d_out: int = 2, seed: int = 0,
+                 scope: str = "net", data_seed: int = 1000) -> None:
+        self.ctx = context(type_config)
+        self.data_seed = data_seed
+        with nn.context_scope(self.ctx), nn.parameter_scope(scope):
+            self.x = nn.Variable((batch, d_in))
+            self.t = nn.Variable((batch, d_out))
+            h = self.x
+            if hidden:
+                h = F.tanh(PF.affine(h, hidden, name="hidden"))
+            self.y = PF.affine(h, d_out, name="out")
+            self.loss = F.mean(F.squared_error(self.y, self.t))
+            self.params = nn.get_parameters(grad_only=False)
+        rng = np.random.RandomState(seed)
+        for v in self.params.values():
+            v.d = rng.uniform(-0.5, 0.5, v.shape).astype(np.float32)
+        self.calls = 0          # how many batches the feeder has loaded
+        self.bad = set()        # feeder call indices that get an inf in x
+        self.huge = set()       # feeder call indices whose x is multiplied by 1e3
+
+    def batch(self, index: int):
+        """The batch number ``index`` as float32 arrays ``(x, t)``."""
+        rng = np.random.RandomState(self.data_seed + index)
+        x = rng.randn(*self.x.shape).astype(np.float32)
+        t = rng.randn(*self.t.shape).astype(np.float32)
+        if index in self.huge:
+            x = x * np.float32(1e3)
+        if index in self.bad:
+            x[0, 0] = np.inf
+        return x, t
+
+    def feed(self, index: int) -> None:
+        self.x.d, self.t.d = self.batch(index)
+
+    def feeder(self) -> None:
+        """A data feeder as the updaters call it: loads the next batch."""
+        self.feed(self.calls)
+        self.calls += 1
+
+    def solver(self, kind: str = "Sgd", **kwargs):
+        with nn.context_scope(self.ctx):
+            solver = getattr(S, kind)(**kwargs)
+        solver.set_parameters(self.params)
+        return solver
+
+    def snapshot(self) -> Dict[str, np.ndarray]:
+        return {name: np.array(v.d, copy=True) for name, v in self.params.items()}
+
+
+def solver_states(solver) -> Dict[str, tuple]:
+    """``name -> (t, {key: array copy})`` of the solver's states."""
+    return {name: (int(st.t), {key: np.array(var.d, copy=True)
+                               for key, var in st.pstate.items()})
+            for name, st in solver.get_states().items()}
+
+
+def assert_bitwise_equal(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        # Compare the bytes so that NaN payloads and -0.0 count too.
+        assert x.tobytes() == y.tobytes(), f"{name} differs: {x} vs {y}"
+
+
+def assert_states_bitwise_equal(a, b) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name][0] == b[name][0], f"t of {name}: {a[name][0]} vs {b[name][0]}"
+        assert_bitwise_equal(a[name][1], b[name][1])
+
+
+def linear_mse_grads(W: np.ndarray, b: np.ndarray, x: np.ndarray, t: np.ndarray):
+    """Gradients of ``mean((x W + b - t) ** 2)`` with respect to ``W`` and ``b``."""
+    x, t = x.astype(np.float64), t.astype(np.float64)
+    y = x @ W + b
+    dy = 2.0 * (y - t) / y.size
+    return x.T @ dy, dy.sum(axis=0)
