@@ -3,6 +3,7 @@
 Both updaters run the same loop (:class:`_LossScalingUpdater`); they differ only in the
 policy that sets the scale.
 """
+import copy
 import json
 import math
 import os
@@ -265,6 +266,13 @@ class _LossScalingUpdater:
             ValueError: keys are missing or unknown (the message lists them), the version
                 or the updater type differs, or a value is out of range.
         """
+        counters = self._check_state(state)
+        self.policy.load_state_dict(state["policy"])
+        for name, value in counters.items():
+            setattr(self, name, value)
+
+    def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
+        """Checks ``state`` completely, without changing anything; returns the counters."""
         check.exact_keys("state", state, ("version", "updater", "policy") + self._COUNTERS)
         check.version("state", state, _UPDATER_STATE_VERSION)
         if state["updater"] != type(self).__name__:
@@ -272,9 +280,8 @@ class _LossScalingUpdater:
                              f"{type(self).__name__}")
         counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
                     for name in self._COUNTERS}
-        self.policy.load_state_dict(state["policy"])
-        for name, value in counters.items():
-            setattr(self, name, value)
+        copy.copy(self.policy).load_state_dict(state["policy"])
+        return counters
 
     def save_checkpoint(self, path: str) -> None:
         """Writes parameters, solver states and updater state to ``path`` atomically.
@@ -317,10 +324,12 @@ class _LossScalingUpdater:
         Everything is read and checked before anything is changed.
 
         Raises:
-            ValueError: the file is not a checkpoint of this format, or its parameters do
-                not match the solver's (the message lists the names).
+            ValueError: the file is not a checkpoint of this format, or its parameters,
+                solver states or updater state do not match this updater (the message lists
+                the names). Nothing is changed then.
         """
-        with np.load(os.fspath(path), allow_pickle=False) as archive:
+        path = os.fspath(path)
+        with np.load(path, allow_pickle=False) as archive:
             if "meta" not in archive.files:
                 raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint (no metadata)")
             meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
@@ -331,28 +340,26 @@ class _LossScalingUpdater:
                              f"version={meta.get('version')!r}")
         check.exact_keys(f"parameters in {path!r}", {k: None for k in meta["params"]},
                          self._params)
-        for name, v in self._params.items():
-            saved = data[f"param/{name}"]
-            if tuple(saved.shape) != tuple(v.shape):
-                raise ValueError(f"parameter {name!r} in {path!r} has shape {saved.shape}, "
-                                 f"the solver's has {tuple(v.shape)}")
+        shapes = [(f"param/{name}", v.shape) for name, v in self._params.items()]
         states = self.solver.get_states()
         check.exact_keys(f"solver states in {path!r}", meta["solver"], states)
-
-        # Validate the updater state on a scratch policy before touching anything.
-        probe = type(self.policy).__new__(type(self.policy))
-        probe.__dict__.update(self.policy.__dict__)
-        probe.load_state_dict(meta["updater"]["policy"])
+        for name, st in states.items():
+            check.exact_keys(f"solver state {name!r} in {path!r}",
+                             {k: None for k in meta["solver"][name]["keys"]}, st.pstate)
+            shapes += [(f"solver/{name}/{key}", var.shape) for key, var in st.pstate.items()]
+        wrong = [f"{key}: {tuple(data[key].shape)} in the file, {tuple(shape)} here"
+                 for key, shape in shapes if tuple(data[key].shape) != tuple(shape)]
+        if wrong:
+            raise ValueError(f"arrays in {path!r} do not match the solver's shapes: "
+                             f"{'; '.join(wrong)}")
+        self._check_state(meta["updater"])
 
         for name, v in self._params.items():
             v.d = data[f"param/{name}"]
         for name, st in states.items():
-            saved = meta["solver"][name]
-            check.exact_keys(f"solver state {name!r} in {path!r}",
-                             {k: None for k in saved["keys"]}, st.pstate)
             for key, var in st.pstate.items():
                 var.d = data[f"solver/{name}/{key}"]
-            st.t = saved["t"]
+            st.t = meta["solver"][name]["t"]
         self.solver.set_states(states)
         self.load_state_dict(meta["updater"])
 
