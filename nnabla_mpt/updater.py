@@ -8,6 +8,7 @@ import json
 import math
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -102,6 +103,19 @@ def _fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
+    """Writes ``arrays`` to the binary file ``f`` as an ``.npz`` archive (``np.load`` reads it).
+
+    Unlike ``np.savez``, the archive is closed even when a write fails, so a failed save
+    leaves nothing half-open behind to fail again when it is garbage-collected.
+    """
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED,
+                         allowZip64=True) as archive:
+        for key, value in arrays.items():
+            with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
 class _LossScalingUpdater:
@@ -308,7 +322,7 @@ class _LossScalingUpdater:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
+                _write_npz(f, arrays)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
