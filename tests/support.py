@@ -111,3 +111,43 @@ def linear_mse_grads(W: np.ndarray, b: np.ndarray, x: np.ndarray, t: np.ndarray)
     y = x @ W + b
     dy = 2.0 * (y - t) / y.size
     return x.T @ dy, dy.sum(axis=0)
+
+
+# -- the resume case, shared by test_state_checkpoint.py and workers/resume_worker.py -------
+
+RESUME_ACCUM = 2
+
+
+def resume_setup(scope: str = "net"):
+    """A float16 run with Adam and a dynamic scale that overflows now and then.
+
+    The feeder loads batches by step index (``updater.steps``), so a run resumed from a
+    checkpoint in another process sees exactly the batches the uninterrupted run saw.
+
+    Returns:
+        (net, solver, updater)
+    """
+    from nnabla_mpt import DynamicLossScalingUpdater
+
+    net = Net("half", hidden=4, scope=scope)
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = None
+
+    def feeder():
+        micro = net.calls % RESUME_ACCUM
+        net.feed(updater.steps * RESUME_ACCUM + micro)
+        net.calls += 1
+
+    updater = DynamicLossScalingUpdater(solver, net.loss, feeder, scale=2.0 ** 18, N=3,
+                                        accum_grad=RESUME_ACCUM, weight_decay=1e-3,
+                                        hysteresis=2)
+    return net, solver, updater
+
+
+def run_steps(updater, steps: int):
+    """Runs ``steps`` updates; returns ``[(step, skipped, scale, next_scale), ...]``."""
+    out = []
+    for _ in range(steps):
+        r = updater.update()
+        out.append((r.step, r.skipped, r.scale, r.next_scale))
+    return out
