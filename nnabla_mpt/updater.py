@@ -380,22 +380,22 @@ class _LossScalingUpdater:
 
 def _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis, min_scale,
                         max_scale) -> DynamicLossScale:
-    scale = check.real("scale", scale, gt=0.0)
-    scaling_factor = check.real("scaling_factor", scaling_factor, gt=1.0)
+    init_scale = check.real("scale", scale, gt=0.0)
+    growth = check.real("scaling_factor", scaling_factor, gt=1.0)
     N = check.integer("N", N, ge=1)
     if backoff_factor is None:
-        backoff_factor = 1.0 / scaling_factor
-    min_scale = check.real("min_scale", min_scale, gt=0.0)
-    max_scale = check.real("max_scale", max_scale, gt=0.0)
-    if min_scale > max_scale:
+        backoff_factor = 1.0 / growth
+    lo = check.real("min_scale", min_scale, gt=0.0)
+    hi = check.real("max_scale", max_scale, gt=0.0)
+    if lo > hi:
         raise ValueError(f"min_scale must be <= max_scale, got min_scale={min_scale!r} and "
                          f"max_scale={max_scale!r}")
-    if not min_scale <= scale <= max_scale:
-        raise ValueError(f"scale must lie in [min_scale, max_scale] = [{min_scale:g}, "
-                         f"{max_scale:g}], got scale={scale!r}")
-    return DynamicLossScale(init_scale=scale, growth_factor=scaling_factor,
+    if not lo <= init_scale <= hi:
+        raise ValueError(f"scale must lie in [min_scale, max_scale] = [{lo:g}, {hi:g}], "
+                         f"got scale={scale!r}")
+    return DynamicLossScale(init_scale=init_scale, growth_factor=growth,
                             backoff_factor=backoff_factor, growth_interval=N,
-                            hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale)
+                            hysteresis=hysteresis, min_scale=lo, max_scale=hi)
 
 
 class DynamicLossScalingUpdater(_LossScalingUpdater):
