@@ -20,6 +20,7 @@ from nnabla.logger import logger
 from . import _validate as check
 from .detector import OverflowDetector, OverflowMode
 from .policy import DynamicLossScale, FixedLossScale
+from .precision import PrecisionSchedule
 
 _UPDATER_STATE_VERSION = 1
 _CHECKPOINT_FORMAT = "nnabla_mpt.checkpoint"
@@ -36,12 +37,14 @@ class StepResult:
         scale: The loss scale the step ran with.
         next_scale: The loss scale of the next step.
         attempts: Steps this call ran: 1, or more in retry mode.
+        precision: ``"half"`` or ``"float"``: the precision of the graph the step ran.
     """
     step: int
     skipped: bool
     scale: float
     next_scale: float
     attempts: int = 1
+    precision: str = "float"
 
     @property
     def updated(self) -> bool:
@@ -69,6 +72,71 @@ def _check_loss(loss) -> "nn.Variable":
         raise ValueError(f"loss must be a scalar Variable (one element), got shape "
                          f"{tuple(loss.shape)}")
     return loss
+
+
+def _precision_of(loss: "nn.Variable") -> str:
+    """``"half"`` when the function producing ``loss`` runs on a half backend."""
+    parent = loss.parent
+    if parent is None:
+        return "float"
+    backend = list(parent.context.backend)
+    return "half" if backend and backend[0].endswith(":half") else "float"
+
+
+def _backend_has_bfloat16(loss: "nn.Variable") -> bool:
+    from nnabla.ext_utils import get_extension_context
+    parent = loss.parent
+    backend = list(parent.context.backend) if parent is not None else ["cpu:float"]
+    extension = backend[0].split(":")[0] if backend else "cpu"
+    try:
+        get_extension_context(extension, type_config="bfloat16")
+    except (ValueError, ImportError):
+        return False
+    return True
+
+
+def _graph_inputs(loss: "nn.Variable") -> set:
+    seen = set()
+
+    def collect(f):
+        seen.update(f.inputs)  # Variables hash and compare by the underlying variable
+
+    loss.visit(collect)
+    return seen
+
+
+def _make_schedule(mode, total_steps, final_loss, loss, high_precision_loss, params):
+    if mode is None:
+        for name, value in (("total_steps", total_steps), ("final_loss", final_loss),
+                            ("high_precision_loss", high_precision_loss)):
+            if value is not None:
+                raise ValueError(f"{name}={value!r} needs accelerate_train_mode "
+                                 f"(e.g. 'fast|step|0.9'), which is None")
+        return None, None
+    schedule = PrecisionSchedule(mode, total_steps=total_steps, final_loss=final_loss)
+    if schedule.mode.type == "fast1" and not _backend_has_bfloat16(loss):
+        backend = loss.parent.context.backend[0] if loss.parent is not None else "cpu"
+        raise ValueError(f"accelerate_train_mode={mode!r} asks for bfloat16 ('fast1'), but "
+                         f"the backend {backend.split(':')[0]!r} of this nnabla has no "
+                         f"bfloat16 type; use 'fast' (float16) instead")
+    if _precision_of(loss) != "half":
+        raise ValueError(f"accelerate_train_mode={mode!r} needs loss built under a half "
+                         f"context (get_extension_context(..., type_config='half')); the "
+                         f"given loss runs in float")
+    if high_precision_loss is None:
+        raise ValueError(f"accelerate_train_mode={mode!r} needs high_precision_loss: the same "
+                         f"network's loss built under the full-precision context")
+    high_precision_loss = _check_loss(high_precision_loss)
+    if _precision_of(high_precision_loss) != "float":
+        raise ValueError("high_precision_loss must be built under a float context "
+                         "(type_config='float'); the given one runs in half")
+    used = _graph_inputs(high_precision_loss)
+    missing = sorted(name for name, v in params.items() if v not in used)
+    if missing:
+        raise ValueError(f"high_precision_loss does not use the solver's parameters "
+                         f"{missing}: build it in the same parameter scope as loss so that "
+                         f"both graphs share them")
+    return schedule, high_precision_loss
 
 
 def _check_comm(comm):
@@ -123,10 +191,15 @@ class _LossScalingUpdater:
 
     def __init__(self, solver, loss, data_feeder, policy, *, clear_buffer, accum_grad,
                  weight_decay, comm, grads, overflow_mode, enable_overflow_check,
-                 clip_grad_norm, max_retries, average_accum, average_ranks) -> None:
+                 clip_grad_norm, max_retries, average_accum, average_ranks,
+                 accelerate_train_mode, total_steps, final_loss, high_precision_loss) -> None:
         self._params = _check_solver(solver)
         self.solver = solver
         self.loss = _check_loss(loss)
+        self._precision = _precision_of(self.loss)
+        self.schedule, self.high_precision_loss = _make_schedule(
+            accelerate_train_mode, total_steps, final_loss, self.loss, high_precision_loss,
+            self._params)
         if data_feeder is not None and not callable(data_feeder):
             raise TypeError(f"data_feeder must be callable or None, got {data_feeder!r}")
         self.data_feeder = data_feeder
@@ -148,7 +221,8 @@ class _LossScalingUpdater:
         if self.comm is not None:
             self._reduce_list = list(self.grads if self.grads is not None
                                      else (v.grad for v in self._params.values()))
-            self._flag = nn.NdArray((1,))
+            # [overflow flag, loss] travel in the gradients' buffer: one collective a step.
+            self._flag = nn.NdArray((2,))
             self._reduce_list.append(self._flag)
         self.steps = 0
         self.updates = 0
@@ -160,12 +234,22 @@ class _LossScalingUpdater:
     # -- the scale ---------------------------------------------------------------------
     @property
     def scale(self) -> float:
-        """The loss scale of the next step. Assigning it is checked by the policy."""
+        """The loss scale of the next step (1 once a precision schedule switched to full
+        precision). Assigning it is checked by the policy."""
+        if self.schedule is not None and not self.schedule.reduced(self.steps):
+            return 1.0
         return self.policy.get_loss_scale()
 
     @scale.setter
     def scale(self, value: float) -> None:
         self.policy.set_loss_scale(value)
+
+    @property
+    def precision(self) -> str:
+        """``"half"`` or ``"float"``: the precision the next step runs in."""
+        if self.schedule is not None and not self.schedule.reduced(self.steps):
+            return "float"
+        return self._precision
 
     # -- the step ----------------------------------------------------------------------
     def update(self) -> StepResult:
@@ -189,27 +273,43 @@ class _LossScalingUpdater:
                 return result
 
     def _step(self, attempts: int) -> StepResult:
-        scale = self.policy.get_loss_scale()
-        solver, loss = self.solver, self.loss
+        index = self.steps
+        schedule = self.schedule
+        if schedule is None or schedule.reduced(index):
+            loss, scale, precision = self.loss, self.policy.get_loss_scale(), self._precision
+        else:
+            # Full precision after the switch: no scaling, the overflow check stays.
+            loss, scale, precision = self.high_precision_loss, 1.0, "float"
+            if index == schedule.switch_step:
+                logger.info(f"nnabla_mpt: precision schedule {schedule.mode.text!r}: "
+                            f"{schedule.describe_switch()}")
+        watch_loss = schedule is not None and schedule.needs_loss
+        loss_sum = 0.0
+        solver = self.solver
         solver.zero_grad()
         for _ in range(self.accum_grad):
             if self.data_feeder is not None:
                 self.data_feeder()
             loss.forward(clear_no_need_grad=self.clear_buffer)
+            if watch_loss:
+                loss_sum += float(loss.d)
             loss.backward(scale, clear_buffer=self.clear_buffer)
 
         overflow = False
+        loss_value = loss_sum / self.accum_grad
         if self.comm is not None:
             local = self.enable_overflow_check and self.detector.check(solver)
-            self._flag.data = np.array([1.0 if local else 0.0], dtype=np.float32)
+            self._flag.data = np.array([1.0 if local else 0.0, loss_value], dtype=np.float32)
             self.comm.all_reduce(self._reduce_list, division=False, inplace=True)
-            overflow = self.enable_overflow_check and (
-                float(self._flag.data[0]) > 0.0 or self.detector.check(solver))
+            flag, loss_total = (float(x) for x in self._flag.data)
+            # Every rank decides on the same reduced values, so all take the same branch.
+            overflow = self.enable_overflow_check and (flag > 0.0 or self.detector.check(solver))
+            loss_value = loss_total / self.comm.size
         elif self.enable_overflow_check:
             overflow = self.detector.check(solver)
-        self.policy.update(overflow)
+        if precision != "float" or schedule is None:
+            self.policy.update(overflow)
 
-        index = self.steps
         self.steps += 1
         if overflow:
             self.skipped_steps += 1
@@ -221,8 +321,10 @@ class _LossScalingUpdater:
             self.overflow_streak = 0
             self._apply(scale)
             self.updates += 1
+        if watch_loss and math.isfinite(loss_value):
+            schedule.observe_loss(index, loss_value)
         result = StepResult(step=index, skipped=overflow, scale=scale,
-                            next_scale=self.policy.get_loss_scale(), attempts=attempts)
+                            next_scale=self.scale, attempts=attempts, precision=precision)
         self.last_result = result
         return result
 
@@ -269,7 +371,8 @@ class _LossScalingUpdater:
         three together.
         """
         state = {"version": _UPDATER_STATE_VERSION, "updater": type(self).__name__,
-                 "policy": self.policy.state_dict()}
+                 "policy": self.policy.state_dict(),
+                 "precision": None if self.schedule is None else self.schedule.state_dict()}
         state.update({name: getattr(self, name) for name in self._COUNTERS})
         return state
 
@@ -282,19 +385,28 @@ class _LossScalingUpdater:
         """
         counters = self._check_state(state)
         self.policy.load_state_dict(state["policy"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["precision"])
         for name, value in counters.items():
             setattr(self, name, value)
 
     def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
         """Checks ``state`` completely, without changing anything; returns the counters."""
-        check.exact_keys("state", state, ("version", "updater", "policy") + self._COUNTERS)
+        check.exact_keys("state", state,
+                         ("version", "updater", "policy", "precision") + self._COUNTERS)
         check.version("state", state, _UPDATER_STATE_VERSION)
         if state["updater"] != type(self).__name__:
             raise ValueError(f"state was saved by {state['updater']}, cannot load it into "
                              f"{type(self).__name__}")
         counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
                     for name in self._COUNTERS}
+        if (state["precision"] is None) != (self.schedule is None):
+            mine = None if self.schedule is None else self.schedule.mode.text
+            raise ValueError(f"state has precision schedule {state['precision']!r} but this "
+                             f"updater has {mine!r}")
         copy.copy(self.policy).load_state_dict(state["policy"])
+        if self.schedule is not None:
+            copy.copy(self.schedule).load_state_dict(state["precision"])
         return counters
 
     def save_checkpoint(self, path: str) -> None:
@@ -436,6 +548,14 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
             nnabla's updater does).
         average_ranks: Divide the reduced gradients by the number of processes (default:
             sum, as nnabla's updater does).
+        accelerate_train_mode: Precision schedule ``"TYPE|TRIGGER|VALUE"``, e.g.
+            ``"fast|step|0.9"``: reduced precision (``loss``) first, then full precision
+            (``high_precision_loss``, run with scale 1 and the overflow check kept). See
+            :mod:`nnabla_mpt.precision`.
+        total_steps: Total steps of the run, for the ``step`` trigger.
+        final_loss: Target loss of the run, for the ``loss`` trigger.
+        high_precision_loss: The same network's loss built under the float context, sharing
+            the parameters of ``loss``.
 
     Example:
         >>> import numpy as np, nnabla as nn, nnabla.functions as F
@@ -461,7 +581,10 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                  min_scale: float = 1.0, max_scale: float = 2.0 ** 24,
                  overflow_mode: OverflowMode = "inf_nan",
                  clip_grad_norm: Optional[float] = None, max_retries: int = 0,
-                 average_accum: bool = False, average_ranks: bool = False) -> None:
+                 average_accum: bool = False, average_ranks: bool = False,
+                 accelerate_train_mode: Optional[str] = None,
+                 total_steps: Optional[int] = None, final_loss: Optional[float] = None,
+                 high_precision_loss: Optional["nn.Variable"] = None) -> None:
         policy = _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis,
                                      min_scale, max_scale)
         super().__init__(solver, loss, data_feeder, policy, clear_buffer=clear_buffer,
@@ -469,7 +592,9 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                          grads=grads, overflow_mode=overflow_mode,
                          enable_overflow_check=True, clip_grad_norm=clip_grad_norm,
                          max_retries=max_retries, average_accum=average_accum,
-                         average_ranks=average_ranks)
+                         average_ranks=average_ranks,
+                         accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
+                         final_loss=final_loss, high_precision_loss=high_precision_loss)
 
     @property
     def scaling_factor(self) -> float:
@@ -495,10 +620,15 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
         data_feeder: Called with no arguments before every forward, or None.
         scale: The loss scale; ``>= 1``.
         enable_overflow_check: Skip steps whose gradients overflowed.
-        clear_buffer, accum_grad, weight_decay, comm, grads: as for
-            :class:`DynamicLossScalingUpdater`.
-        overflow_mode, clip_grad_norm, max_retries, average_accum, average_ranks: as for
-            :class:`DynamicLossScalingUpdater` (keyword-only).
+        clear_buffer: As for :class:`DynamicLossScalingUpdater`.
+        accum_grad: As for :class:`DynamicLossScalingUpdater`.
+        weight_decay: As for :class:`DynamicLossScalingUpdater`.
+        comm: As for :class:`DynamicLossScalingUpdater`.
+        grads: As for :class:`DynamicLossScalingUpdater`.
+        **options: The keyword-only options of :class:`DynamicLossScalingUpdater` that do not
+            concern a dynamic scale: ``overflow_mode``, ``clip_grad_norm``, ``max_retries``,
+            ``average_accum``, ``average_ranks``, ``accelerate_train_mode``, ``total_steps``,
+            ``final_loss``, ``high_precision_loss``.
     """
 
     def __init__(self, solver, loss, data_feeder: Optional[Callable[[], Any]] = None,
@@ -508,7 +638,10 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                  grads: Optional[Sequence["nn.NdArray"]] = None, *,
                  overflow_mode: OverflowMode = "inf_nan",
                  clip_grad_norm: Optional[float] = None, max_retries: int = 0,
-                 average_accum: bool = False, average_ranks: bool = False) -> None:
+                 average_accum: bool = False, average_ranks: bool = False,
+                 accelerate_train_mode: Optional[str] = None,
+                 total_steps: Optional[int] = None, final_loss: Optional[float] = None,
+                 high_precision_loss: Optional["nn.Variable"] = None) -> None:
         policy = FixedLossScale(scale)
         enable_overflow_check = check.boolean("enable_overflow_check", enable_overflow_check)
         if max_retries and not enable_overflow_check:
@@ -519,4 +652,6 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                          grads=grads, overflow_mode=overflow_mode,
                          enable_overflow_check=enable_overflow_check,
                          clip_grad_norm=clip_grad_norm, max_retries=max_retries,
-                         average_accum=average_accum, average_ranks=average_ranks)
+                         average_accum=average_accum, average_ranks=average_ranks,
+                         accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
+                         final_loss=final_loss, high_precision_loss=high_precision_loss)

@@ -17,8 +17,8 @@ def _reset_nnabla() -> None:
 
 
 @pytest.fixture(autouse=True)
-def clean_nnabla():
-    """Clears the parameter registry and puts the default context back to float."""
+def fresh_nnabla():
+    """Each test starts with no parameters, the float context and auto-forward off."""
     _reset_nnabla()
     yield
     _reset_nnabla()

@@ -36,6 +36,7 @@ EXPECTED_STATE = {
                "hysteresis_left": 0, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 3, "hysteresis": 2, "min_scale": 1.0,
                "max_scale": 2.0 ** 24},
+    "precision": None,
     "steps": 8, "updates": 3, "skipped_steps": 5, "overflow_streak": 1,
     "longest_overflow_streak": 4,
 }
@@ -76,7 +77,7 @@ def test_fixed_updater_state_round_trip():
     state = updater.state_dict()
     assert state == {"version": 1, "updater": "FixedLossScalingUpdater",
                      "policy": {"version": 1, "kind": "fixed", "scale": 32.0},
-                     "steps": 4, "updates": 2, "skipped_steps": 2, "overflow_streak": 0,
+                     "precision": None, "steps": 4, "updates": 2, "skipped_steps": 2, "overflow_streak": 0,
                      "longest_overflow_streak": 2}
     other_net = Net(scope="other")
     other = FixedLossScalingUpdater(other_net.solver("Sgd", lr=0.1), other_net.loss,
@@ -103,6 +104,9 @@ def _mutated(mutate):
     (lambda s: s.update(updates=1.5), TypeError, r"state\['updates'\] must be an integer"),
     (lambda s: s["policy"].pop("scale"), ValueError, r"missing keys \['scale'\]"),
     (lambda s: s["policy"].update(kind="fixed"), ValueError, r"'fixed' policy"),
+    (lambda s: s.pop("precision"), ValueError, r"missing keys \['precision'\]"),
+    (lambda s: s.update(precision={"mode": "fast|step|0.9"}), ValueError,
+     r"state has precision schedule .*'fast\|step\|0\.9'.* but this updater has None"),
 ])
 def test_load_state_dict_errors_change_nothing(mutate, exc, message):
     net = Net()
@@ -113,6 +117,34 @@ def test_load_state_dict_errors_change_nothing(mutate, exc, message):
     with pytest.raises(exc, match=message):
         updater.load_state_dict(_mutated(mutate))
     assert updater.state_dict() == before
+
+
+def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
+    import nnabla as nn
+    import nnabla.functions as F
+    import nnabla.parametric_functions as PF
+    import nnabla.solvers as S
+    from support import context
+
+    x, t = nn.Variable((4, 3)), nn.Variable((4, 1))
+    losses = {}
+    for kind in ("half", "float"):
+        with nn.context_scope(context(kind)), nn.parameter_scope("net"):
+            losses[kind] = F.mean(F.squared_error(PF.affine(x, 1, name="fc"), t))
+    with nn.context_scope(context("half")):
+        solver = S.Adam(0.01)
+    solver.set_parameters(nn.get_parameters())
+    updater = DynamicLossScalingUpdater(solver, losses["half"], scale=64.0, N=3,
+                                        accelerate_train_mode="fast|step|0.5", total_steps=10,
+                                        high_precision_loss=losses["float"])
+    before = updater.state_dict()
+    state = json.loads(json.dumps(before))
+    state["policy"]["scale"] = 8.0
+    state["steps"] = 3
+    state["precision"]["total_steps"] = 20          # not this updater's schedule
+    with pytest.raises(ValueError, match=r"precision schedule .* differs"):
+        updater.load_state_dict(state)
+    assert updater.state_dict() == before           # the policy was not loaded either
 
 
 def test_fixed_state_cannot_be_loaded_into_dynamic_updater():
