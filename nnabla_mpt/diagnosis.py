@@ -1,0 +1,691 @@
+"""Explain why gradients stop being finite.
+
+:func:`diagnose` replays the forward and backward pass of a loss on the batch that is
+still held in the graph's input variables, watching every function through nnabla's
+function hooks, and returns an :class:`OverflowReport` naming the first function that
+turned finite values into inf/NaN. The updaters call it only when a streak of
+overflowing steps or an overflow at the scale floor calls for an explanation; a healthy
+step never runs any of this code.
+
+Example:
+
+    .. code-block:: python
+
+        report = diagnose(loss, scale=2.0 ** 15, params=solver.get_parameters())
+        if report.kind == "model":
+            raise LossScaleCollapseError(report)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose", "KINDS"]
+
+#: Values of :attr:`OverflowReport.kind`.
+KINDS = ("overflow", "model", "data", "not_reproduced")
+
+_FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class OverflowReport:
+    """What a replay of the last batch found out about non-finite gradients.
+
+    Attributes:
+        kind: ``"overflow"`` when only the backward pass at the given scale produces
+            inf/NaN (a scaling problem: the same batch is finite at scale 1);
+            ``"model"`` when a function produces inf/NaN from finite inputs in the
+            forward pass, or in the backward pass even at scale 1 (lowering the scale
+            cannot fix it); ``"data"`` when the graph's leaf variables (input data or
+            parameters) already hold inf/NaN, so no function is to blame;
+            ``"not_reproduced"`` when the replay is finite everywhere.
+        phase: ``"forward"``, ``"backward"`` or ``None`` when nothing was found.
+        function: Type name of the culprit function (``f.info.type_name``, e.g.
+            ``"Log"``); for ``"data"`` the first function that consumed the bad values.
+        index: Position of the culprit in the execution order of its phase (0-based).
+        forward_index: Position of the culprit in forward execution order (0-based).
+        num_functions: Number of functions in the forward pass.
+        scope: Parameter scope of the culprit's own parameters, or of the nearest
+            parametric function upstream of it (see ``scope_is_upstream``).
+        scope_is_upstream: True when ``scope`` belongs to a function upstream.
+        path: Chain of functions producing the culprit's first input, ending with the
+            culprit, e.g. ``"Affine#0[fc] -> Softmax#1 -> Log#2"``.
+        input_names: Readable name of each input: parameter name, variable name,
+            producing function (``"Softmax#1"``) or ``"input #k"`` for unnamed data.
+        input_shapes: Shape of each input.
+        input_dtypes: Storage dtype of each input's data.
+        input_max_abs: Largest absolute finite value of each input (NaN if none).
+        input_min_abs: Smallest absolute finite value of each input (NaN if none).
+        input_nonfinite: Number of inf/NaN values in each input.
+        output_shapes: Shape of each output.
+        output_dtypes: Storage dtype of each output's data.
+        output_grad_max_abs: For a backward culprit, the largest absolute gradient
+            flowing into it (its outputs' gradients, all finite); empty otherwise.
+        input_grad_dtypes: For a backward culprit, the dtype of each input gradient.
+        bad_leaves: For ``"data"``, names of the leaf variables holding inf/NaN.
+        nonfinite_params: Names of the parameters whose gradients are non-finite after
+            the replay at ``scale``.
+        loss_value: Value of the loss in the replay (before any scaling).
+        scale: Loss scale used for the replayed backward pass.
+        finite_at_scale_one: For a backward culprit, whether a backward pass at scale 1
+            is finite (``None`` when not tried).
+        max_grad_at_scale_one: Largest absolute gradient seen in the backward pass at
+            scale 1 (``None`` when not tried).
+        max_safe_scale: Largest power of two that keeps that gradient inside the
+            gradient dtype's range (``None`` when not known).
+        notes: Further observations, one sentence each.
+    """
+
+    kind: str
+    phase: Optional[str] = None
+    function: Optional[str] = None
+    index: Optional[int] = None
+    forward_index: Optional[int] = None
+    num_functions: int = 0
+    scope: Optional[str] = None
+    scope_is_upstream: bool = False
+    path: str = ""
+    input_names: List[str] = field(default_factory=list)
+    input_shapes: List[Tuple[int, ...]] = field(default_factory=list)
+    input_dtypes: List[str] = field(default_factory=list)
+    input_max_abs: List[float] = field(default_factory=list)
+    input_min_abs: List[float] = field(default_factory=list)
+    input_nonfinite: List[int] = field(default_factory=list)
+    output_shapes: List[Tuple[int, ...]] = field(default_factory=list)
+    output_dtypes: List[str] = field(default_factory=list)
+    output_grad_max_abs: List[float] = field(default_factory=list)
+    input_grad_dtypes: List[str] = field(default_factory=list)
+    bad_leaves: List[str] = field(default_factory=list)
+    nonfinite_params: List[str] = field(default_factory=list)
+    loss_value: float = float("nan")
+    scale: float = 1.0
+    finite_at_scale_one: Optional[bool] = None
+    max_grad_at_scale_one: Optional[float] = None
+    max_safe_scale: Optional[float] = None
+    notes: List[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def found(self) -> bool:
+        """True when the replay located the origin of the non-finite values."""
+        return self.kind != "not_reproduced"
+
+    @property
+    def loss_finite(self) -> bool:
+        """True when the loss value (before scaling) is finite."""
+        return math.isfinite(self.loss_value)
+
+    @property
+    def scale_helps(self) -> bool:
+        """True when a smaller loss scale makes this batch finite (kind "overflow")."""
+        return self.kind == "overflow"
+
+    # ------------------------------------------------------------------ text
+    def summary(self) -> str:
+        """One line: what was found, where, and in which phase."""
+        if self.kind == "not_reproduced":
+            return ("no function reproduced the non-finite gradients when replaying the "
+                    f"current batch at scale {_fmt_scale(self.scale)}")
+        if self.kind == "data":
+            what = ", ".join(self.bad_leaves) or "a leaf variable"
+            return (f"the graph's inputs already contain inf/NaN ({what}), first used by "
+                    f"{self.function} (#{self.index}) in forward")
+        where = f" in {self.scope}" if self.scope and not self.scope_is_upstream else (
+            f" after {self.scope}" if self.scope else "")
+        if self.kind == "model" and self.phase == "forward":
+            return (f"{self.function} (#{self.index}){where} produced inf/NaN from finite "
+                    "inputs in forward")
+        if self.kind == "model":
+            return (f"{self.function} (#{self.forward_index}){where} produced non-finite "
+                    "gradients in backward from finite gradients, even at scale 1")
+        return (f"{self.function} (#{self.forward_index}){where} overflowed in backward at "
+                f"scale {_fmt_scale(self.scale)} (finite at scale 1)")
+
+    def __str__(self) -> str:
+        lines = [f"Loss-scale diagnosis: {self.kind}"
+                 + (f" ({self.phase})" if self.phase else ""),
+                 f"  What happened: {self.summary()}."]
+        if self.function is not None:
+            lines.append(f"  Where: {self.path}")
+            lines.append(f"    function #{self.forward_index} of {self.num_functions} in "
+                         "forward order" + (f", #{self.index} in backward order"
+                                            if self.phase == "backward" else ""))
+            for k, name in enumerate(self.input_names):
+                lines.append("    input {}: {} {} {}, max |x| {} (finite part), "
+                             "min |x| {}{}".format(
+                                 k, name, self.input_dtypes[k], self.input_shapes[k],
+                                 _fmt_num(self.input_max_abs[k]),
+                                 _fmt_num(self.input_min_abs[k]),
+                                 f", {self.input_nonfinite[k]} inf/NaN"
+                                 if self.input_nonfinite[k] else ""))
+            for k, shape in enumerate(self.output_shapes):
+                lines.append(f"    output {k}: {self.output_dtypes[k]} {shape}")
+            if self.output_grad_max_abs:
+                lines.append("    gradient flowing in: max |g| "
+                             + ", ".join(_fmt_num(g) for g in self.output_grad_max_abs)
+                             + " (finite)")
+        lines.append(f"  Loss before scaling: {_fmt_num(self.loss_value)}"
+                     + ("" if self.loss_finite else
+                        " -- non-finite before any scaling: a model/data problem, "
+                        "not an overflow"))
+        if self.nonfinite_params:
+            lines.append(f"  Parameters with non-finite gradients at scale "
+                         f"{_fmt_scale(self.scale)}: " + ", ".join(self.nonfinite_params))
+        else:
+            lines.append(f"  Parameters with non-finite gradients at scale "
+                         f"{_fmt_scale(self.scale)}: none")
+        if self.max_grad_at_scale_one is not None:
+            lines.append(f"  Largest gradient at scale 1: "
+                         f"{_fmt_num(self.max_grad_at_scale_one)}"
+                         + (f"; scales up to {_fmt_scale(self.max_safe_scale)} keep it "
+                            "in range" if self.max_safe_scale else ""))
+        lines.append(f"  Why it matters: {self._why()}")
+        lines.append(f"  What to do: {self._advice()}")
+        for note in self.notes:
+            lines.append(f"  Note: {note}")
+        return "\n".join(lines)
+
+    def _why(self) -> str:
+        if self.kind == "overflow":
+            return ("this is a scaling problem: the batch is finite at scale 1 and only the "
+                    "scaled gradients exceed the gradient dtype's range. Backing the scale "
+                    "off fixes it; a streak means the scale is set too high or the "
+                    "gradients grew.")
+        if self.kind == "model":
+            return ("lowering the loss scale will not fix this: the values are non-finite "
+                    "at any scale, so a dynamic scale keeps backing off until it reaches "
+                    "its floor while every step is skipped.")
+        if self.kind == "data":
+            return ("the non-finite values exist before any function runs; no loss scale "
+                    "can fix them and every step on such a batch is skipped.")
+        return ("the batch still held in the input variables is finite at this scale, so "
+                "the non-finite gradients came from somewhere the replay cannot see.")
+
+    def _advice(self) -> str:
+        if self.kind == "not_reproduced":
+            return ("the overflow came from another batch: an earlier micro-batch when "
+                    "accumulating gradients, a data feeder that has moved on, another "
+                    "rank's batch or the sum over ranks, or random functions (Dropout) "
+                    "that draw differently in the replay. Diagnose with accum_grad=1 on a "
+                    "single process, or call diagnose() right after the failing "
+                    "micro-batch.")
+        if self.kind == "data":
+            return ("check the batch with numpy.isfinite before feeding it; if a parameter "
+                    "is listed, its values were corrupted earlier (an update applied with "
+                    "non-finite gradients or a damaged checkpoint): reload a good "
+                    "checkpoint.")
+        if self.kind == "overflow":
+            cap = f"{self.max_safe_scale:g}" if self.max_safe_scale else "S"
+            return (f"let the dynamic scale back off, or cap it with max_scale={cap}. When "
+                    "the overflow is harmless for training (the non-finite values are "
+                    "masked or clipped before they reach an update), a fixed scale with "
+                    "the check off is right: FixedLossScalingUpdater(solver, loss, "
+                    f"feeder, scale={cap}, enable_overflow_check=False).")
+        advice = _FUNCTION_ADVICE.get((self.function, self.phase)) or _FUNCTION_ADVICE.get(
+            (self.function, None))
+        if advice is None:
+            advice = (f"check the range of {self.function}'s inputs (see max |x| and min "
+                      "|x| above), clamp them, or compute this part of the graph in "
+                      "float32 (build it under a float context).")
+        return advice
+
+
+def _fmt_num(x: Optional[float]) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.6g}"
+
+
+def _fmt_scale(s: Optional[float]) -> str:
+    if s is None:
+        return "n/a"
+    if s > 0 and math.isfinite(s):
+        e = math.log2(s)
+        if e == int(e) and abs(e) >= 4:
+            return f"2**{int(e)} ({s:.10g})"
+    return f"{s:.10g}"
+
+
+_CLAMP_LOG = ("clamp the input of Log away from zero: F.log(F.maximum_scalar(x, eps)) "
+              "with eps around 1e-4 in float16; if x is a softmax output, use "
+              "F.log_softmax or F.softmax_cross_entropy, which never take the log of an "
+              "underflowed probability.")
+_RANGE = ("the result exceeds the float16 range (max 65504): normalize the inputs, reduce "
+          "with a mean instead of a sum, or compute this part in float32 (build it under "
+          "a float context).")
+_FUNCTION_ADVICE: Dict[Tuple[str, Optional[str]], str] = {
+    ("Log", None): _CLAMP_LOG,
+    ("Exp", None): ("exp overflows float16 above about 11.09: clamp the input with "
+                    "F.exp(F.minimum_scalar(x, 11.0)) or use a fused function "
+                    "(F.log_softmax, F.softplus)."),
+    ("Div2", None): ("the denominator reaches zero: divide by F.maximum_scalar(b, eps) "
+                     "(or b + eps for a positive b)."),
+    ("RDivScalar", None): ("the divisor reaches zero: use F.maximum_scalar(x, eps) as "
+                           "the divisor."),
+    ("PowScalar", None): ("a negative or fractional power of zero is not finite: clamp "
+                          "the base with F.maximum_scalar(x, eps)."),
+    ("Sqrt", "backward"): ("the derivative of sqrt is infinite at zero: use "
+                           "F.sqrt(x + eps) (or F.sqrt(F.maximum_scalar(x, eps)))."),
+    ("Affine", "forward"): _RANGE,
+    ("Convolution", "forward"): _RANGE,
+    ("BatchMatmul", "forward"): _RANGE,
+    ("Sum", "forward"): _RANGE,
+    ("SumPooling", "forward"): _RANGE,
+    ("MulScalar", "forward"): _RANGE,
+    ("Mul2", "forward"): _RANGE,
+}
+
+
+class LossScaleCollapseError(FloatingPointError):
+    """Raised when the loss scale collapses; ``.report`` holds the diagnosis.
+
+    The message names the culprit function and the phase, followed by the full report.
+
+    Args:
+        report: The diagnosis explaining the collapse.
+        reason: What triggered the diagnosis (e.g. "8 consecutive overflowing steps").
+    """
+
+    def __init__(self, report: OverflowReport, reason: Optional[str] = None) -> None:
+        self.report = report
+        self.reason = reason
+        head = f"loss scale collapse ({reason}): " if reason else "loss scale collapse: "
+        super().__init__(head + report.summary() + "\n" + str(report))
+
+    def __reduce__(self):  # keep the report when pickled (e.g. across processes)
+        return (type(self), (self.report, self.reason))
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def _stats(arr: np.ndarray) -> Tuple[int, float, float]:
+    """(number of non-finite values, max |finite|, min |finite|) of an array."""
+    a = np.asarray(arr)
+    if a.size == 0:
+        return 0, float("nan"), float("nan")
+    if a.dtype.kind not in "fc":
+        aa = np.abs(a)
+        return 0, float(aa.max()), float(aa.min())
+    fin = np.isfinite(a)
+    bad = int(a.size - np.count_nonzero(fin))
+    if bad == a.size:
+        return bad, float("nan"), float("nan")
+    aa = np.abs(a[fin] if bad else a).astype(np.float64)
+    return bad, float(aa.max()), float(aa.min())
+
+
+def _dtype_name(array: Any) -> str:
+    try:
+        return str(array.dtype)
+    except Exception:  # an array never written has no dtype yet
+        return "uninitialized"
+
+
+def _scope_of(names: List[str]) -> Optional[str]:
+    if not names:
+        return None
+    parts = [n.split("/")[:-1] for n in names]
+    common: List[str] = []
+    for level in zip(*parts):
+        if all(p == level[0] for p in level):
+            common.append(level[0])
+        else:
+            break
+    return "/".join(common) if common else names[0]
+
+
+@dataclass
+class _Rec:
+    type_name: str
+    inputs: List[int]
+    outputs: List[int]
+    params: List[str]
+
+
+class _Replay:
+    """State shared by the hooks of one diagnosis."""
+
+    def __init__(self, param_names: Dict[int, str]) -> None:
+        self.param_names = param_names
+        self.records: List[_Rec] = []
+        self.producer: Dict[int, int] = {}       # output hash -> forward index
+        self.fwd_index: Dict[int, int] = {}      # function hash -> forward index
+        self.finite: Dict[int, bool] = {}        # variable hash -> data all finite
+        self.leaves: Dict[int, Any] = {}         # leaf hash -> Variable (need_grad)
+        self.leaf_names: Dict[int, str] = {}
+        self.error: Optional[BaseException] = None
+        self.culprit: Optional[Dict[str, Any]] = None
+        self.bwd_count = 0
+        self.grad_max = 0.0
+        self.track_max = False
+
+    # names ------------------------------------------------------------------
+    def name_of(self, var: Any) -> str:
+        h = hash(var)
+        if h in self.param_names:
+            return self.param_names[h]
+        if h in self.producer:
+            k = self.producer[h]
+            return f"{self.records[k].type_name}#{k}"
+        if h not in self.leaf_names:
+            n = var.name
+            self.leaf_names[h] = f"input '{n}'" if n else f"input #{len(self.leaf_names)}"
+        return self.leaf_names[h]
+
+    # forward hooks ----------------------------------------------------------
+    def fwd_pre(self, f: Any) -> None:
+        if self.error is not None:
+            return
+        try:
+            leaves = [v for v in f.inputs if v.parent is None]
+            for v in leaves:
+                if v.need_grad:
+                    self.leaves.setdefault(hash(v), v)
+            if self.culprit is not None:
+                return
+            bad = []
+            for v in leaves:
+                h = hash(v)
+                if h not in self.finite:
+                    self.finite[h] = _stats(v.d)[0] == 0
+                if not self.finite[h]:
+                    bad.append(self.name_of(v))
+            if bad:
+                k = len(self.records)
+                self._add_record(f)
+                self.culprit = dict(kind="data", phase="forward", f=f, index=k,
+                                    bad_leaves=bad)
+        except BaseException as e:  # surfaced after the pass; nnabla would mask it
+            self.error = e
+
+    def _add_record(self, f: Any) -> None:
+        k = len(self.records)
+        ins = [hash(v) for v in f.inputs]
+        outs = [hash(v) for v in f.outputs]
+        self.records.append(_Rec(f.info.type_name, ins, outs,
+                                 [self.param_names[h] for h in ins
+                                  if h in self.param_names]))
+        self.fwd_index[hash(f)] = k
+        for h in outs:
+            self.producer[h] = k
+
+    def fwd_post(self, f: Any) -> None:
+        if self.error is not None:
+            return
+        try:
+            if hash(f) in self.fwd_index:   # recorded by fwd_pre (a data culprit)
+                return
+            k = len(self.records)
+            self._add_record(f)
+            if self.culprit is not None:
+                return
+            outputs_finite = True
+            for v in f.outputs:
+                fin = _stats(v.d)[0] == 0
+                self.finite[hash(v)] = fin
+                outputs_finite &= fin
+            if not outputs_finite and all(self.finite.get(hash(v), True)
+                                          for v in f.inputs):
+                self.culprit = dict(kind="model", phase="forward", f=f, index=k)
+        except BaseException as e:
+            self.error = e
+
+    # backward hooks ---------------------------------------------------------
+    def bwd_pre(self, f: Any) -> None:
+        if self.error is not None or (self.culprit is not None and not self.track_max):
+            return
+        try:
+            self._out_grads = [_stats(v.g) for v in f.outputs]
+        except BaseException as e:
+            self.error = e
+
+    def bwd_post(self, f: Any) -> None:
+        idx = self.bwd_count
+        self.bwd_count += 1
+        if self.error is not None or (self.culprit is not None and not self.track_max):
+            return
+        try:
+            in_stats = [_stats(v.g) if v.need_grad else (0, float("nan"), float("nan"))
+                        for v in f.inputs]
+            if self.track_max:
+                for s in self._out_grads + in_stats:
+                    if not math.isnan(s[1]):
+                        self.grad_max = max(self.grad_max, s[1])
+            if self.culprit is not None:
+                return
+            if (any(s[0] for s in in_stats)
+                    and not any(s[0] for s in self._out_grads)):
+                self.culprit = dict(kind="backward", phase="backward", f=f, index=idx,
+                                    out_grad_max=[s[1] for s in self._out_grads],
+                                    in_grad_dtypes=[_dtype_name(v.grad) if v.need_grad
+                                                    else "-" for v in f.inputs])
+        except BaseException as e:
+            self.error = e
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+
+    # description ------------------------------------------------------------
+    def describe(self, report: OverflowReport, culprit: Dict[str, Any],
+                 chain_length: int) -> None:
+        f = culprit["f"]
+        k = self.fwd_index.get(hash(f))
+        report.function = f.info.type_name
+        report.index = culprit["index"]
+        report.forward_index = k
+        report.input_names = [self.name_of(v) for v in f.inputs]
+        report.input_shapes = [tuple(v.shape) for v in f.inputs]
+        stats = [_stats(v.d) for v in f.inputs]
+        report.input_dtypes = [_dtype_name(v.data) for v in f.inputs]
+        report.input_nonfinite = [s[0] for s in stats]
+        report.input_max_abs = [s[1] for s in stats]
+        report.input_min_abs = [s[2] for s in stats]
+        report.output_shapes = [tuple(v.shape) for v in f.outputs]
+        report.output_dtypes = [_dtype_name(v.data) for v in f.outputs]
+        if k is None:
+            report.path = report.function
+            return
+        # producing chain along the first input that has a producer
+        chain = [k]
+        cur = k
+        while len(chain) < chain_length:
+            ups = [self.producer[h] for h in self.records[cur].inputs if h in self.producer]
+            if not ups:
+                break
+            cur = ups[0]
+            chain.append(cur)
+        truncated = len(chain) == chain_length and any(
+            h in self.producer for h in self.records[chain[-1]].inputs)
+        parts = []
+        for j in reversed(chain):
+            rec = self.records[j]
+            sc = _scope_of(rec.params)
+            parts.append(f"{rec.type_name}#{j}" + (f"[{sc}]" if sc else ""))
+        report.path = ("... -> " if truncated else "") + " -> ".join(parts)
+        # own scope, else the nearest parametric function upstream (any input)
+        own = _scope_of(self.records[k].params)
+        if own:
+            report.scope = own
+            return
+        seen, todo = set(), [k]
+        while todo:
+            j = todo.pop(0)
+            for h in self.records[j].inputs:
+                u = self.producer.get(h)
+                if u is None or u in seen:
+                    continue
+                seen.add(u)
+                sc = _scope_of(self.records[u].params)
+                if sc:
+                    report.scope, report.scope_is_upstream = sc, True
+                    return
+                todo.append(u)
+
+
+def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None, *,
+             chain_length: int = 6) -> OverflowReport:
+    """Replay the current batch and find where inf/NaN first appear.
+
+    Runs ``loss.forward`` and ``loss.backward(scale)`` again on the data still held in
+    the graph's input variables, keeping every buffer (``clear_no_need_grad=False``,
+    ``clear_buffer=False``) and watching each function through nnabla's
+    ``function_pre_hook``/``function_post_hook``. The first function whose outputs are
+    non-finite while its inputs are finite is the culprit; in the backward pass, the
+    first function whose input gradients become non-finite while the gradients flowing
+    into it are finite. A backward culprit is checked again at scale 1 to tell an
+    overflow (fixed by a smaller scale) from a model problem.
+
+    Call it only after a step was skipped: the gradients of the graph's leaf variables
+    (parameters included) are zeroed before the replay and are zero again on return.
+    Random functions (Dropout) draw new values in the replay.
+
+    Args:
+        loss: The loss ``nnabla.Variable`` the training step differentiates.
+        scale: The loss scale of the failing step (> 0).
+        params: Mapping name -> parameter ``Variable`` used to name parameters (e.g.
+            ``solver.get_parameters()``); ``None`` uses nnabla's global parameters.
+        chain_length: Number of functions shown in :attr:`OverflowReport.path`.
+
+    Returns:
+        An :class:`OverflowReport`; ``report.kind`` classifies the finding.
+
+    Raises:
+        TypeError: if ``loss`` is not an ``nnabla.Variable`` or ``params`` not a mapping.
+        ValueError: if ``scale`` is not a finite positive number or ``chain_length`` < 1.
+    """
+    import nnabla as nn
+
+    if not isinstance(loss, nn.Variable):
+        raise TypeError(f"diagnose(loss=...) expects an nnabla.Variable, got "
+                        f"{type(loss).__name__}: {loss!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating,
+                                                         np.integer)):
+        raise TypeError(f"diagnose(scale=...) expects a number, got "
+                        f"{type(scale).__name__}: {scale!r}")
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"diagnose(scale=...) must be finite and > 0, got {scale!r}")
+    if isinstance(chain_length, bool) or not isinstance(chain_length, int) \
+            or chain_length < 1:
+        raise ValueError(f"diagnose(chain_length=...) must be an int >= 1, got "
+                         f"{chain_length!r}")
+    if params is None:
+        params = nn.get_parameters(grad_only=False)
+    if not isinstance(params, Mapping):
+        raise TypeError(f"diagnose(params=...) expects a mapping name -> Variable or "
+                        f"None, got {type(params).__name__}")
+    param_names = {hash(v): name for name, v in params.items()}
+
+    rp = _Replay(param_names)
+    report = OverflowReport(kind="not_reproduced", scale=scale)
+
+    # forward --------------------------------------------------------------------
+    loss.forward(clear_no_need_grad=False, function_pre_hook=rp.fwd_pre,
+                 function_post_hook=rp.fwd_post)
+    rp.raise_error()
+    report.num_functions = len(rp.records)
+    report.loss_value = float(np.asarray(loss.d, dtype=np.float64).reshape(-1)[0]) \
+        if loss.size == 1 else float(np.asarray(loss.d, dtype=np.float64).sum())
+
+    def zero_grads() -> None:
+        for v in rp.leaves.values():
+            v.grad.zero()
+        for v in params.values():
+            v.grad.zero()
+
+    def nonfinite_params() -> List[str]:
+        return [name for name, v in params.items()
+                if hash(v) in rp.leaves and _stats(v.g)[0]]
+
+    try:
+        zero_grads()
+        fwd = rp.culprit
+        if fwd is not None:
+            loss.backward(scale, clear_buffer=False)
+            report.nonfinite_params = nonfinite_params()
+            report.kind, report.phase = fwd["kind"], "forward"
+            if fwd["kind"] == "data":
+                report.bad_leaves = list(fwd["bad_leaves"])
+            rp.describe(report, fwd, chain_length)
+        else:
+            rp.bwd_count = 0
+            loss.backward(scale, clear_buffer=False, function_pre_hook=rp.bwd_pre,
+                          function_post_hook=rp.bwd_post)
+            rp.raise_error()
+            report.nonfinite_params = nonfinite_params()
+            bwd = rp.culprit
+            if bwd is not None:
+                report.phase = "backward"
+                report.output_grad_max_abs = list(bwd["out_grad_max"])
+                report.input_grad_dtypes = list(bwd["in_grad_dtypes"])
+                # the same batch at scale 1: overflow or model problem?
+                zero_grads()
+                rp.culprit, rp.track_max, rp.bwd_count = None, True, 0
+                loss.backward(1.0, clear_buffer=False, function_pre_hook=rp.bwd_pre,
+                              function_post_hook=rp.bwd_post)
+                rp.raise_error()
+                at_one = rp.culprit
+                report.finite_at_scale_one = at_one is None
+                if at_one is None:
+                    report.kind = "overflow"
+                    report.max_grad_at_scale_one = rp.grad_max
+                    culprit = bwd
+                else:
+                    report.kind = "model"
+                    culprit = at_one
+                    report.output_grad_max_abs = list(at_one["out_grad_max"])
+                    report.input_grad_dtypes = list(at_one["in_grad_dtypes"])
+                rp.describe(report, culprit, chain_length)
+                gmax = _dtype_max(report.input_grad_dtypes)
+                if report.kind == "overflow" and gmax is not None and rp.grad_max > 0:
+                    report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / rp.grad_max))
+                if gmax is not None and scale > gmax:
+                    report.notes.append(
+                        f"the scale {_fmt_scale(scale)} itself is larger than the largest "
+                        f"{_grad_dtype(report.input_grad_dtypes)} value ({gmax:.6g}): the "
+                        "gradient seeded into the backward pass cannot be represented, "
+                        "whatever the model does.")
+    finally:
+        zero_grads()
+
+    if not report.loss_finite:
+        report.notes.append(
+            f"the loss is {_fmt_num(report.loss_value)} before any scaling (as at scale "
+            "1): this is a model/data problem, not an overflow.")
+    if report.kind in ("model", "data") and report.phase == "forward":
+        big = [report.input_names[i] for i, m in enumerate(report.input_max_abs)
+               if m > _FLOAT16_MAX]
+        if big and any(d == "float16" for d in report.output_dtypes):
+            report.notes.append(
+                "input(s) " + ", ".join(big) + " hold finite values beyond the float16 "
+                "range (65504) that become inf when cast to float16.")
+    if report.kind == "data" and any(n in params for n in report.bad_leaves):
+        report.notes.append("a parameter already holds inf/NaN: an earlier update or a "
+                            "loaded checkpoint corrupted it.")
+    return report
+
+
+def _dtype_max(dtypes: List[str]) -> Optional[float]:
+    name = _grad_dtype(dtypes)
+    return float(np.finfo(np.dtype(name)).max) if name else None
+
+
+def _grad_dtype(dtypes: List[str]) -> Optional[str]:
+    floats = [d for d in dtypes if d.startswith("float")]
+    if not floats:
+        return None
+    return min(floats, key=lambda d: np.finfo(np.dtype(d)).max)
