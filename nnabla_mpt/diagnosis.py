@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
+
+from . import _validate as check
 
 __all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose", "KINDS"]
 
@@ -168,9 +170,10 @@ class OverflowReport:
             for k, shape in enumerate(self.output_shapes):
                 lines.append(f"    output {k}: {self.output_dtypes[k]} {shape}")
             if self.output_grad_max_abs:
+                at = 1.0 if self.kind == "model" else self.scale
                 lines.append("    gradient flowing in: max |g| "
                              + ", ".join(_fmt_num(g) for g in self.output_grad_max_abs)
-                             + " (finite)")
+                             + f" (finite, at scale {_fmt_scale(at)})")
         lines.append(f"  Loss before scaling: {_fmt_num(self.loss_value)}"
                      + ("" if self.loss_finite else
                         " -- non-finite before any scaling: a model/data problem, "
@@ -217,9 +220,9 @@ class OverflowReport:
                     "single process, or call diagnose() right after the failing "
                     "micro-batch.")
         if self.kind == "data":
-            return ("check the batch with numpy.isfinite before feeding it; if a parameter "
-                    "is listed, its values were corrupted earlier (an update applied with "
-                    "non-finite gradients or a damaged checkpoint): reload a good "
+            return ("check the batch with numpy.isfinite before feeding it; if the bad "
+                    "values sit in a parameter, it was corrupted earlier (an update applied "
+                    "with non-finite gradients or a damaged checkpoint): reload a good "
                     "checkpoint.")
         if self.kind == "overflow":
             cap = f"{self.max_safe_scale:g}" if self.max_safe_scale else "S"
@@ -273,10 +276,15 @@ _FUNCTION_ADVICE: Dict[Tuple[str, Optional[str]], str] = {
                      "(or b + eps for a positive b)."),
     ("RDivScalar", None): ("the divisor reaches zero: use F.maximum_scalar(x, eps) as "
                            "the divisor."),
-    ("PowScalar", None): ("a negative or fractional power of zero is not finite: clamp "
-                          "the base with F.maximum_scalar(x, eps)."),
-    ("Sqrt", "backward"): ("the derivative of sqrt is infinite at zero: use "
-                           "F.sqrt(x + eps) (or F.sqrt(F.maximum_scalar(x, eps)))."),
+    ("PowScalar", "forward"): ("a negative power of zero is not finite: clamp the base "
+                               "with F.maximum_scalar(x, eps)."),
+    ("PowScalar", "backward"): ("the derivative of x ** p for p < 1 is infinite at x = 0: "
+                                "keep the base away from zero, e.g. "
+                                "F.pow_scalar(x + eps, p) for a non-negative x, or "
+                                "F.pow_scalar(F.maximum_scalar(x, eps), p)."),
+    ("Norm", "backward"): ("the norm of an all-zero vector has no derivative (0/0): add "
+                           "eps under the root, F.pow_scalar(F.sum(x ** 2, axis) + eps, "
+                           "0.5)."),
     ("Affine", "forward"): _RANGE,
     ("Convolution", "forward"): _RANGE,
     ("BatchMatmul", "forward"): _RANGE,
@@ -367,9 +375,6 @@ class _Replay:
         self.leaf_names: Dict[int, str] = {}
         self.error: Optional[BaseException] = None
         self.culprit: Optional[Dict[str, Any]] = None
-        self.bwd_count = 0
-        self.grad_max = 0.0
-        self.track_max = False
 
     # names ------------------------------------------------------------------
     def name_of(self, var: Any) -> str:
@@ -442,38 +447,6 @@ class _Replay:
         except BaseException as e:
             self.error = e
 
-    # backward hooks ---------------------------------------------------------
-    def bwd_pre(self, f: Any) -> None:
-        if self.error is not None or (self.culprit is not None and not self.track_max):
-            return
-        try:
-            self._out_grads = [_stats(v.g) for v in f.outputs]
-        except BaseException as e:
-            self.error = e
-
-    def bwd_post(self, f: Any) -> None:
-        idx = self.bwd_count
-        self.bwd_count += 1
-        if self.error is not None or (self.culprit is not None and not self.track_max):
-            return
-        try:
-            in_stats = [_stats(v.g) if v.need_grad else (0, float("nan"), float("nan"))
-                        for v in f.inputs]
-            if self.track_max:
-                for s in self._out_grads + in_stats:
-                    if not math.isnan(s[1]):
-                        self.grad_max = max(self.grad_max, s[1])
-            if self.culprit is not None:
-                return
-            if (any(s[0] for s in in_stats)
-                    and not any(s[0] for s in self._out_grads)):
-                self.culprit = dict(kind="backward", phase="backward", f=f, index=idx,
-                                    out_grad_max=[s[1] for s in self._out_grads],
-                                    in_grad_dtypes=[_dtype_name(v.grad) if v.need_grad
-                                                    else "-" for v in f.inputs])
-        except BaseException as e:
-            self.error = e
-
     def raise_error(self) -> None:
         if self.error is not None:
             err, self.error = self.error, None
@@ -536,6 +509,91 @@ class _Replay:
                 todo.append(u)
 
 
+class _BackwardWatch:
+    """Hooks for one backward pass: where gradients turn non-finite, and who is to blame.
+
+    A function is an *origin* when it turns an input gradient non-finite while every
+    gradient flowing into it (its outputs' gradients) is finite. Each variable remembers
+    the function that first made its gradient non-finite, so a non-finite parameter
+    gradient can be traced back through the propagating functions to its origins.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.error: Optional[BaseException] = None
+        self.grad_bad: Dict[int, bool] = {}
+        self.turned_bad_by: Dict[int, int] = {}   # variable hash -> backward index
+        self.bad_outputs: Dict[int, List[int]] = {}  # backward index -> bad output hashes
+        self.origins: List[Dict[str, Any]] = []
+        self.grad_max = 0.0
+        self._out: List[Tuple[int, float, float]] = []
+
+    def pre(self, f: Any) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._out = [_stats(v.g) for v in f.outputs]
+        except BaseException as e:  # surfaced after the pass; nnabla would mask it
+            self.error = e
+
+    def post(self, f: Any) -> None:
+        idx = self.count
+        self.count += 1
+        if self.error is not None:
+            return
+        try:
+            out = self._out
+            newly = False
+            in_stats: List[Tuple[int, float, float]] = []
+            for v in f.inputs:
+                if not v.need_grad:
+                    continue
+                st = _stats(v.g)
+                in_stats.append(st)
+                h = hash(v)
+                if st[0] and not self.grad_bad.get(h, False):
+                    self.turned_bad_by[h] = idx
+                    self.grad_bad[h] = newly = True
+            for st in out + in_stats:
+                if not math.isnan(st[1]):
+                    self.grad_max = max(self.grad_max, st[1])
+            if newly:
+                bad_out = [hash(v) for v, st in zip(f.outputs, out) if st[0]]
+                self.bad_outputs[idx] = bad_out
+                if not bad_out:
+                    self.origins.append(dict(
+                        f=f, index=idx, fhash=hash(f),
+                        out_grad_max=[st[1] for st in out],
+                        in_grad_dtypes=[_dtype_name(v.grad) if v.need_grad else "-"
+                                        for v in f.inputs]))
+        except BaseException as e:
+            self.error = e
+
+    def run(self, loss: Any, scale: float) -> "_BackwardWatch":
+        loss.backward(scale, clear_buffer=False, function_pre_hook=self.pre,
+                      function_post_hook=self.post)
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def responsible(self, var_hashes: List[int]) -> List[Dict[str, Any]]:
+        """Origins whose non-finite gradients reach the given variables, in order."""
+        by_index = {o["index"]: o for o in self.origins}
+        found, seen = set(), set()
+        todo = [self.turned_bad_by[h] for h in var_hashes if h in self.turned_bad_by]
+        while todo:
+            g = todo.pop()
+            if g in seen:
+                continue
+            seen.add(g)
+            if g in by_index:
+                found.add(g)
+                continue
+            todo.extend(self.turned_bad_by[h] for h in self.bad_outputs.get(g, [])
+                        if h in self.turned_bad_by)
+        return [by_index[i] for i in sorted(found)]
+
+
 def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None, *,
              chain_length: int = 6) -> OverflowReport:
     """Replay the current batch and find where inf/NaN first appear.
@@ -565,29 +623,20 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
 
     Raises:
         TypeError: if ``loss`` is not an ``nnabla.Variable`` or ``params`` not a mapping.
-        ValueError: if ``scale`` is not a finite positive number or ``chain_length`` < 1.
+        ValueError: if ``scale`` is not finite and > 0, or ``chain_length`` < 1.
     """
     import nnabla as nn
 
     if not isinstance(loss, nn.Variable):
-        raise TypeError(f"diagnose(loss=...) expects an nnabla.Variable, got "
-                        f"{type(loss).__name__}: {loss!r}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating,
-                                                         np.integer)):
-        raise TypeError(f"diagnose(scale=...) expects a number, got "
-                        f"{type(scale).__name__}: {scale!r}")
-    scale = float(scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"diagnose(scale=...) must be finite and > 0, got {scale!r}")
-    if isinstance(chain_length, bool) or not isinstance(chain_length, int) \
-            or chain_length < 1:
-        raise ValueError(f"diagnose(chain_length=...) must be an int >= 1, got "
-                         f"{chain_length!r}")
+        raise TypeError(f"loss must be an nnabla.Variable, got {loss!r} of type "
+                        f"{type(loss).__name__}")
+    scale = check.real("scale", scale, gt=0.0)
+    chain_length = check.integer("chain_length", chain_length, ge=1)
     if params is None:
         params = nn.get_parameters(grad_only=False)
     if not isinstance(params, Mapping):
-        raise TypeError(f"diagnose(params=...) expects a mapping name -> Variable or "
-                        f"None, got {type(params).__name__}")
+        raise TypeError(f"params must be None or a mapping name -> nnabla.Variable "
+                        f"(e.g. solver.get_parameters()), got {type(params).__name__}")
     param_names = {hash(v): name for name, v in params.items()}
 
     rp = _Replay(param_names)
@@ -611,54 +660,75 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
         return [name for name, v in params.items()
                 if hash(v) in rp.leaves and _stats(v.g)[0]]
 
+    def bad_hashes(names: List[str]) -> List[int]:
+        return [hash(params[n]) for n in names]
+
     try:
         zero_grads()
         fwd = rp.culprit
-        if fwd is not None:
-            loss.backward(scale, clear_buffer=False)
-            report.nonfinite_params = nonfinite_params()
+        watch = _BackwardWatch().run(loss, scale)
+        report.nonfinite_params = nonfinite_params()
+        blamed = watch.responsible(bad_hashes(report.nonfinite_params))
+        use_forward = fwd is not None
+        if fwd is not None and report.loss_finite:
+            # The forward inf/NaN was masked before the loss.
+            fname = fwd["f"].info.type_name
+            if not report.nonfinite_params:
+                report.notes.append(
+                    f"harmless here: the loss and every parameter gradient are finite, "
+                    f"so the inf/NaN of {fname} is masked before it reaches an update.")
+            elif blamed and all(o["fhash"] != hash(fwd["f"]) for o in blamed):
+                use_forward = False
+                report.notes.append(
+                    f"{fname} (#{fwd['index']}) also produces inf/NaN in forward, but it "
+                    "is masked before the loss; the non-finite gradients come from the "
+                    "function named above.")
+        if use_forward:
             report.kind, report.phase = fwd["kind"], "forward"
             if fwd["kind"] == "data":
                 report.bad_leaves = list(fwd["bad_leaves"])
             rp.describe(report, fwd, chain_length)
-        else:
-            rp.bwd_count = 0
-            loss.backward(scale, clear_buffer=False, function_pre_hook=rp.bwd_pre,
-                          function_post_hook=rp.bwd_post)
-            rp.raise_error()
-            report.nonfinite_params = nonfinite_params()
-            bwd = rp.culprit
-            if bwd is not None:
-                report.phase = "backward"
-                report.output_grad_max_abs = list(bwd["out_grad_max"])
-                report.input_grad_dtypes = list(bwd["in_grad_dtypes"])
-                # the same batch at scale 1: overflow or model problem?
+        elif blamed or watch.origins:
+            culprit = (blamed or watch.origins)[0]
+            if not report.nonfinite_params:
+                report.notes.append(
+                    "harmless here: no parameter gradient is non-finite, the values are "
+                    "masked before they reach a parameter (the overflow check does not "
+                    "see them).")
+            report.phase = "backward"
+            # The same batch at scale 1: an overflow, or a model problem?
+            if scale == 1.0:
+                at_one, bad_one = watch, report.nonfinite_params
+            else:
                 zero_grads()
-                rp.culprit, rp.track_max, rp.bwd_count = None, True, 0
-                loss.backward(1.0, clear_buffer=False, function_pre_hook=rp.bwd_pre,
-                              function_post_hook=rp.bwd_post)
-                rp.raise_error()
-                at_one = rp.culprit
-                report.finite_at_scale_one = at_one is None
-                if at_one is None:
-                    report.kind = "overflow"
-                    report.max_grad_at_scale_one = rp.grad_max
-                    culprit = bwd
-                else:
-                    report.kind = "model"
-                    culprit = at_one
-                    report.output_grad_max_abs = list(at_one["out_grad_max"])
-                    report.input_grad_dtypes = list(at_one["in_grad_dtypes"])
-                rp.describe(report, culprit, chain_length)
-                gmax = _dtype_max(report.input_grad_dtypes)
-                if report.kind == "overflow" and gmax is not None and rp.grad_max > 0:
-                    report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / rp.grad_max))
-                if gmax is not None and scale > gmax:
-                    report.notes.append(
-                        f"the scale {_fmt_scale(scale)} itself is larger than the largest "
-                        f"{_grad_dtype(report.input_grad_dtypes)} value ({gmax:.6g}): the "
-                        "gradient seeded into the backward pass cannot be represented, "
-                        "whatever the model does.")
+                at_one = _BackwardWatch().run(loss, 1.0)
+                bad_one = nonfinite_params()
+            report.finite_at_scale_one = not bad_one
+            if bad_one:
+                report.kind = "model"
+                culprit = (at_one.responsible(bad_hashes(bad_one)) or at_one.origins
+                           or [culprit])[0]
+            else:
+                report.kind = "overflow"
+                report.max_grad_at_scale_one = at_one.grad_max
+            report.output_grad_max_abs = list(culprit["out_grad_max"])
+            report.input_grad_dtypes = list(culprit["in_grad_dtypes"])
+            rp.describe(report, culprit, chain_length)
+            others = [o for o in blamed if o is not culprit]
+            if others and report.kind == "overflow":
+                report.notes.append(
+                    "other functions whose overflow reaches the parameters: " + ", ".join(
+                        f"{o['f'].info.type_name} (#{rp.fwd_index.get(o['fhash'])})"
+                        for o in others) + ".")
+            gmax = _dtype_max(report.input_grad_dtypes)
+            if report.kind == "overflow" and gmax is not None and at_one.grad_max > 0:
+                report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / at_one.grad_max))
+            if gmax is not None and scale > gmax:
+                report.notes.append(
+                    f"the scale {_fmt_scale(scale)} itself is larger than the largest "
+                    f"{_grad_dtype(report.input_grad_dtypes)} value ({gmax:.6g}): the "
+                    "gradient seeded into the backward pass cannot be represented, "
+                    "whatever the model does.")
     finally:
         zero_grads()
 
