@@ -226,7 +226,8 @@ class OverflowReport:
                     "checkpoint.")
         if self.kind == "overflow":
             cap = f"{self.max_safe_scale:g}" if self.max_safe_scale else "S"
-            return (f"let the dynamic scale back off, or cap it with max_scale={cap}. When "
+            return (f"use a scale of at most {cap}: max_scale={cap} for the dynamic "
+                    f"updater (it also backs off by itself), scale={cap} for the fixed one. When "
                     "the overflow is harmless for training (the non-finite values are "
                     "masked or clipped before they reach an update), a fixed scale with "
                     "the check off is right: FixedLossScalingUpdater(solver, loss, "

@@ -149,7 +149,8 @@ def test_overflow_below_the_float16_maximum_names_the_function_and_a_safe_scale(
     assert report.forward_index == 3 and report.index == 1
     assert report.output_grad_max_abs == [2.0 ** 15]
     assert report.input_names == ["Affine#2", "input #0"]
-    assert report.path == "Affine#0[fc1/affine] -> ReLU#1 -> Affine#2[fc2/affine] -> SquaredError#3"
+    assert report.path == ("Affine#0[fc1/affine] -> ReLU#1 -> Affine#2[fc2/affine] -> "
+                           "SquaredError#3")
     assert report.scope == "fc2/affine" and report.scope_is_upstream
     assert report.nonfinite_params == PARAMS
     assert report.max_safe_scale < 2.0 ** 15
