@@ -7,13 +7,8 @@ turned finite values into inf/NaN. The updaters call it only when a streak of
 overflowing steps or an overflow at the scale floor calls for an explanation; a healthy
 step never runs any of this code.
 
-Example:
-
-    .. code-block:: python
-
-        report = diagnose(loss, scale=2.0 ** 15, params=solver.get_parameters())
-        if report.kind == "model":
-            raise LossScaleCollapseError(report)
+The report is a dataclass for programs (``report.kind``, ``report.function``,
+``report.phase``, ``report.nonfinite_params``, ...) and prints as a text for people.
 """
 from __future__ import annotations
 
@@ -621,6 +616,21 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
 
     Returns:
         An :class:`OverflowReport`; ``report.kind`` classifies the finding.
+
+    Example:
+        >>> import numpy as np, nnabla as nn, nnabla.functions as F
+        >>> import nnabla.parametric_functions as PF
+        >>> from nnabla.ext_utils import get_extension_context
+        >>> from nnabla_mpt import diagnose
+        >>> nn.clear_parameters()
+        >>> x = nn.Variable.from_numpy_array(np.zeros((2, 3), dtype=np.float32))
+        >>> with nn.context_scope(get_extension_context("cpu", type_config="half")):
+        ...     loss = F.mean(F.log(F.relu(PF.affine(x, 2, name="fc"))))
+        >>> report = diagnose(loss, scale=1024.0)
+        >>> report.kind, report.phase, report.function, report.path
+        ('model', 'forward', 'Log', 'Affine#0[fc/affine] -> ReLU#1 -> Log#2')
+        >>> report.loss_finite
+        False
 
     Raises:
         TypeError: if ``loss`` is not an ``nnabla.Variable`` or ``params`` not a mapping.
