@@ -13,6 +13,7 @@ The report is a dataclass for programs (``report.kind``, ``report.function``,
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -173,21 +174,18 @@ class OverflowReport:
                      + ("" if self.loss_finite else
                         " -- non-finite before any scaling: a model/data problem, "
                         "not an overflow"))
-        if self.nonfinite_params:
-            lines.append(f"  Parameters with non-finite gradients at scale "
-                         f"{_fmt_scale(self.scale)}: " + ", ".join(self.nonfinite_params))
-        else:
-            lines.append(f"  Parameters with non-finite gradients at scale "
-                         f"{_fmt_scale(self.scale)}: none")
+        lines += _wrap(f"Parameters with non-finite gradients at scale "
+                       f"{_fmt_scale(self.scale)}: "
+                       + (", ".join(self.nonfinite_params) or "none"))
         if self.max_grad_at_scale_one is not None:
-            lines.append(f"  Largest gradient at scale 1: "
-                         f"{_fmt_num(self.max_grad_at_scale_one)}"
-                         + (f"; scales up to {_fmt_scale(self.max_safe_scale)} keep it "
-                            "in range" if self.max_safe_scale else ""))
-        lines.append(f"  Why it matters: {self._why()}")
-        lines.append(f"  What to do: {self._advice()}")
+            lines += _wrap(f"Largest gradient at scale 1: "
+                           f"{_fmt_num(self.max_grad_at_scale_one)}"
+                           + (f"; scales up to {_fmt_scale(self.max_safe_scale)} keep it "
+                              "in range" if self.max_safe_scale else ""))
+        lines += _wrap(f"Why it matters: {self._why()}")
+        lines += _wrap(f"What to do: {self._advice()}")
         for note in self.notes:
-            lines.append(f"  Note: {note}")
+            lines += _wrap(f"Note: {note}")
         return "\n".join(lines)
 
     def _why(self) -> str:
@@ -198,8 +196,8 @@ class OverflowReport:
                     "gradients grew.")
         if self.kind == "model":
             return ("lowering the loss scale will not fix this: the values are non-finite "
-                    "at any scale, so a dynamic scale keeps backing off until it reaches "
-                    "its floor while every step is skipped.")
+                    "at any scale, so every step on such a batch is skipped (a scale that "
+                    "backed off for it would sink to its floor).")
         if self.kind == "data":
             return ("the non-finite values exist before any function runs; no loss scale "
                     "can fix them and every step on such a batch is skipped.")
@@ -234,6 +232,11 @@ class OverflowReport:
                       "|x| above), clamp them, or compute this part of the graph in "
                       "float32 (build it under a float context).")
         return advice
+
+
+def _wrap(text: str, width: int = 88) -> List[str]:
+    return textwrap.wrap(text, width=width, initial_indent="  ", subsequent_indent="    ",
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def _fmt_num(x: Optional[float]) -> str:
@@ -743,10 +746,6 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
     finally:
         zero_grads()
 
-    if not report.loss_finite:
-        report.notes.append(
-            f"the loss is {_fmt_num(report.loss_value)} before any scaling (as at scale "
-            "1): this is a model/data problem, not an overflow.")
     if report.kind in ("model", "data") and report.phase == "forward":
         big = [report.input_names[i] for i, m in enumerate(report.input_max_abs)
                if m > _FLOAT16_MAX]

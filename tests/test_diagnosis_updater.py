@@ -67,6 +67,11 @@ def healthy_regression():
     return solver, loss, feed
 
 
+def flat(obj):
+    """The text with line wrapping undone."""
+    return " ".join(str(obj).split())
+
+
 def snapshot():
     return {k: v.d.copy() for k, v in nn.get_parameters().items()}
 
@@ -108,13 +113,13 @@ def test_log_of_zeros_raises_within_the_streak_naming_log_forward(count_diagnose
     err = info.value
     assert str(err).splitlines()[0].startswith(
         "loss scale collapse (3 consecutive overflowing steps): Log (#5)")
-    assert "in forward" in str(err).splitlines()[0]
+    assert "in forward" in flat(err).splitlines()[0]
     report = err.report
     assert (report.kind, report.phase, report.function) == ("model", "forward", "Log")
     assert sorted(report.nonfinite_params) == PARAMS
     assert not report.loss_finite
-    assert "Parameters with non-finite gradients at scale 2**10 (1024): " in str(err)
-    assert "the updater skipped it without lowering the loss scale" in str(err)
+    assert "Parameters with non-finite gradients at scale 2**10 (1024): " in flat(err)
+    assert "the updater skipped it without lowering the loss scale" in flat(err)
     assert u.last_report is report
     assert count_diagnose == [2.0 ** 10]
     # three skipped steps, counted; the scale was kept: a non-finite loss is no overflow
@@ -134,7 +139,7 @@ def test_fixed_updater_raises_on_a_streak_of_pure_overflow():
         u.update()
     report = info.value.report
     assert (report.kind, report.phase, report.function) == ("overflow", "backward", "Mean")
-    assert "scale=" in str(report) and "larger than the largest float16 value" in str(report)
+    assert "scale=" in flat(report) and "larger than the largest float16 value" in flat(report)
     assert "overflowed in backward" in str(info.value).splitlines()[0]
 
 
@@ -159,7 +164,7 @@ def test_warn_logs_the_report_once_and_training_goes_on(nnabla_log, count_diagno
     assert u.scale == 2.0 ** 10                      # never lowered for a NaN loss
     warnings = records(nnabla_log, logging.WARNING)
     assert len(warnings) == 1
-    text = warnings[0].getMessage()
+    text = flat(warnings[0].getMessage())
     assert "loss scale collapse (3 consecutive overflowing steps)" in text
     assert "floor_policy='warn'" in text
     assert "Log (#5) after fc2/affine produced inf/NaN from finite inputs in forward" in text
