@@ -121,6 +121,12 @@ class OverflowReport:
         return math.isfinite(self.loss_value)
 
     @property
+    def harmless(self) -> bool:
+        """True when inf/NaN appear but are masked before the loss and every parameter
+        gradient: the overflow check never sees them and no step is skipped for them."""
+        return self.found and self.loss_finite and not self.nonfinite_params
+
+    @property
     def scale_helps(self) -> bool:
         """True when a smaller loss scale makes this batch finite (kind "overflow")."""
         return self.kind == "overflow"
@@ -189,6 +195,10 @@ class OverflowReport:
         return "\n".join(lines)
 
     def _why(self) -> str:
+        if self.harmless:
+            return ("harmless for training: the non-finite values are masked before they "
+                    "reach the loss or any parameter gradient, so the overflow check never "
+                    "sees them and no step is skipped for them.")
         if self.kind == "overflow":
             return ("this is a scaling problem: the batch is finite at scale 1 and only the "
                     "scaled gradients exceed the gradient dtype's range. Backing the scale "
@@ -217,14 +227,20 @@ class OverflowReport:
                     "values sit in a parameter, it was corrupted earlier (an update applied "
                     "with non-finite gradients or a damaged checkpoint): reload a good "
                     "checkpoint.")
+        if self.harmless:
+            return ("nothing needs fixing. The check is kept on by default; a fixed scale "
+                    "with the check off is also safe for this overflow "
+                    f"(FixedLossScalingUpdater(solver, loss, feeder, "
+                    f"scale={self.scale:g}, enable_overflow_check=False)) as long as "
+                    "diagnose() lists no parameter at that scale on your batches.")
         if self.kind == "overflow":
             cap = f"{self.max_safe_scale:g}" if self.max_safe_scale else "S"
             return (f"use a scale of at most {cap}: max_scale={cap} for the dynamic "
                     f"updater (it also backs off by itself), scale={cap} for the fixed one. When "
-                    "the overflow is harmless for training (the non-finite values are "
-                    "masked or clipped before they reach an update), a fixed scale with "
-                    "the check off is right: FixedLossScalingUpdater(solver, loss, "
-                    f"feeder, scale={cap}, enable_overflow_check=False).")
+                    "the overflow is harmless for training (masked or clipped before it "
+                    "reaches an update), a fixed scale with the check off is right: "
+                    f"FixedLossScalingUpdater(solver, loss, feeder, scale={cap}, "
+                    "enable_overflow_check=False).")
         advice = _FUNCTION_ADVICE.get((self.function, self.phase)) or _FUNCTION_ADVICE.get(
             (self.function, None))
         if advice is None:
@@ -677,38 +693,33 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
     def bad_hashes(names: List[str]) -> List[int]:
         return [hash(params[n]) for n in names]
 
+    def forward_finding(fwd: Dict[str, Any]) -> None:
+        report.kind, report.phase = fwd["kind"], "forward"
+        if fwd["kind"] == "data":
+            report.bad_leaves = list(fwd["bad_leaves"])
+        rp.describe(report, fwd, chain_length)
+
     try:
         zero_grads()
         fwd = rp.culprit
         watch = _BackwardWatch().run(loss, scale)
         report.nonfinite_params = nonfinite_params()
         blamed = watch.responsible(bad_hashes(report.nonfinite_params))
-        use_forward = fwd is not None
-        if fwd is not None and report.loss_finite:
-            # The forward inf/NaN was masked before the loss.
-            fname = fwd["f"].info.type_name
-            if not report.nonfinite_params:
-                report.notes.append(
-                    f"harmless here: the loss and every parameter gradient are finite, "
-                    f"so the inf/NaN of {fname} is masked before it reaches an update.")
-            elif blamed and all(o["fhash"] != hash(fwd["f"]) for o in blamed):
-                use_forward = False
-                report.notes.append(
-                    f"{fname} (#{fwd['index']}) also produces inf/NaN in forward, but it "
-                    "is masked before the loss; the non-finite gradients come from the "
-                    "function named above.")
-        if use_forward:
-            report.kind, report.phase = fwd["kind"], "forward"
-            if fwd["kind"] == "data":
-                report.bad_leaves = list(fwd["bad_leaves"])
-            rp.describe(report, fwd, chain_length)
-        elif blamed or watch.origins:
-            culprit = (blamed or watch.origins)[0]
-            if not report.nonfinite_params:
-                report.notes.append(
-                    "harmless here: no parameter gradient is non-finite, the values are "
-                    "masked before they reach a parameter (the overflow check does not "
-                    "see them).")
+        masked_fwd = None
+        if fwd is not None:
+            fkey = hash(fwd["f"])
+            if (not report.loss_finite or not report.nonfinite_params
+                    or any(o["fhash"] == fkey for o in blamed)):
+                forward_finding(fwd)
+                if report.loss_finite and report.nonfinite_params:
+                    report.notes.append(
+                        f"the inf/NaN of {report.function} are masked before the loss, "
+                        "but its backward pass still turns them into NaN gradients "
+                        "(0 * inf).")
+                return _finish(report, params)
+            masked_fwd = fwd
+        origins = blamed or watch.origins
+        if origins:
             report.phase = "backward"
             # The same batch at scale 1: an overflow, or a model problem?
             if scale == 1.0:
@@ -718,10 +729,18 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
                 at_one = _BackwardWatch().run(loss, 1.0)
                 bad_one = nonfinite_params()
             report.finite_at_scale_one = not bad_one
+            culprit = origins[0]
             if bad_one:
-                report.kind = "model"
                 culprit = (at_one.responsible(bad_hashes(bad_one)) or at_one.origins
                            or [culprit])[0]
+                if masked_fwd is not None and culprit["fhash"] == hash(masked_fwd["f"]):
+                    forward_finding(masked_fwd)
+                    report.notes.append(
+                        f"the inf/NaN of {report.function} are masked before the loss, "
+                        "but its backward pass still turns them into NaN gradients "
+                        "(0 * inf), at any scale.")
+                    return _finish(report, params)
+                report.kind = "model"
             else:
                 report.kind = "overflow"
                 report.max_grad_at_scale_one = at_one.grad_max
@@ -743,9 +762,18 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
                     f"{_grad_dtype(report.input_grad_dtypes)} value ({gmax:.6g}): the "
                     "gradient seeded into the backward pass cannot be represented, "
                     "whatever the model does.")
+        if masked_fwd is not None:
+            f = masked_fwd["f"]
+            report.notes.append(
+                f"{f.info.type_name} (#{masked_fwd['index']}) also produces inf/NaN in "
+                "forward, but they are masked before the loss and reach no parameter.")
     finally:
         zero_grads()
+    return _finish(report, params)
 
+
+def _finish(report: OverflowReport, params: Mapping[str, Any]) -> OverflowReport:
+    """Notes that depend only on the finished report."""
     if report.kind in ("model", "data") and report.phase == "forward":
         big = [report.input_names[i] for i, m in enumerate(report.input_max_abs)
                if m > _FLOAT16_MAX]

@@ -111,9 +111,30 @@ def test_the_fix_leaves_only_a_masked_overflow_that_never_reaches_a_parameter():
     assert report.loss_finite
     assert report.nonfinite_params == []
     assert report.input_min_abs[0] == pytest.approx(1e-4, rel=1e-3)
-    assert "harmless here: no parameter gradient is non-finite" in flat(report)
+    assert report.harmless
+    assert "harmless for training: the non-finite values are masked" in flat(report)
+    assert "nothing needs fixing" in flat(report)
     # At the suggested scale even the masked gradient stays finite.
     assert diagnose(loss, report.max_safe_scale).kind == "not_reproduced"
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** 24])
+def test_a_forward_overflow_masked_by_where_still_poisons_the_backward(scale):
+    # h * 1e5 overflows float16; Where picks h, so the loss is finite. But the backward of
+    # MulScalar multiplies the zero gradient by 1e5 (inf in float16): 0 * inf = NaN. At
+    # 2**24 the seed overflows first, yet at scale 1 the NaN remains: MulScalar is blamed.
+    x, c = nn.Variable((4, 5)), nn.Variable((4, 3))
+    with nn.context_scope(HALF):
+        h = _affine(x, 3, "fc1", 1)
+        loss = F.mean(F.where(c, h, F.mul_scalar(h, 1e5)))
+    x.d = np.random.RandomState(0).randn(4, 5)
+    c.d = np.ones((4, 3))
+    report = diagnose(loss, scale)
+    assert (report.kind, report.phase, report.function) == ("model", "forward", "MulScalar")
+    assert report.loss_finite and not report.harmless
+    assert report.nonfinite_params == ["fc1/affine/W", "fc1/affine/b"]
+    assert "masked before the loss, but its backward pass still turns them into NaN" in \
+        flat(report)
 
 
 # -- backward: only the scaled gradients overflow ------------------------------------------
@@ -123,7 +144,7 @@ def test_scale_beyond_float16_overflows_in_backward_only():
     report = diagnose(loss, 2.0 ** 24)
 
     assert (report.kind, report.phase) == ("overflow", "backward")
-    assert report.scale_helps
+    assert report.scale_helps and not report.harmless
     # the backward pass starts at the loss: Mean receives 2**24, which float16 cannot hold
     assert report.function == "Mean"
     assert report.index == 0 and report.forward_index == report.num_functions - 1 == 4
