@@ -370,8 +370,9 @@ class _LossScalingUpdater:
         """After a skipped step: log it; on a collapse, diagnose and act by floor_policy."""
         if logger.isEnabledFor(logging.DEBUG):
             bad = len(self.detector.nonfinite_params(self._params))
+            what = "non-finite" if self.detector.mode == "inf_nan" else "saturated"
             logger.debug(f"nnabla_mpt: step {index} skipped: {bad} of {len(self._params)} "
-                         f"parameter gradients non-finite; loss scale {scale:g} -> "
+                         f"parameter gradients {what}; loss scale {scale:g} -> "
                          f"{self.scale:g}" + (" (kept: the loss itself is non-finite)"
                                               if loss_nonfinite else ""))
         if self.overflow_streak == 1:
