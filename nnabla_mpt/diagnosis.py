@@ -15,13 +15,16 @@ from __future__ import annotations
 import math
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
 
 import numpy as np
 
 from . import _validate as check
 
 __all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose", "KINDS"]
+
+Kind = Literal["overflow", "model", "data", "not_reproduced"]
+Phase = Literal["forward", "backward"]
 
 #: Values of :attr:`OverflowReport.kind`.
 KINDS = ("overflow", "model", "data", "not_reproduced")
@@ -74,15 +77,15 @@ class OverflowReport:
         scale: Loss scale used for the replayed backward pass.
         finite_at_scale_one: For a backward culprit, whether a backward pass at scale 1
             is finite (``None`` when not tried).
-        max_grad_at_scale_one: Largest absolute gradient seen in the backward pass at
-            scale 1 (``None`` when not tried).
-        max_safe_scale: Largest power of two that keeps that gradient inside the
-            gradient dtype's range (``None`` when not known).
+        max_grad_at_scale_one: For ``"overflow"``, the largest absolute gradient seen in
+            the backward pass at scale 1; ``None`` otherwise.
+        max_safe_scale: For ``"overflow"``, the largest power of two that keeps that
+            gradient inside the gradient dtype's range; ``None`` otherwise.
         notes: Further observations, one sentence each.
     """
 
-    kind: str
-    phase: Optional[str] = None
+    kind: Kind
+    phase: Optional[Phase] = None
     function: Optional[str] = None
     index: Optional[int] = None
     forward_index: Optional[int] = None
