@@ -28,8 +28,14 @@ class Net:
     Args:
         type_config: ``"float"`` or ``"half"``; the graph and solvers use this context.
         scope: Parameter scope; parameter names are given relative to it.
-        huge: Factor applied to ``x`` of a batch fed with ``huge=True``. 1e3 keeps every value
-            finite in float32 but overflows float16 in the loss.
+
+    Batches can be made special by their index (the feeder's call count):
+
+    * ``net.bad``: an inf in ``x``, so the loss itself is not finite.
+    * ``net.huge``: ``x * 1e3``. In float32 the loss stays finite while the scaled gradients
+      exceed 65504 (an overflow in saturation mode); in float16 the loss overflows.
+    * ``net.large``: ``x * 20``. For the linear float16 network the loss stays finite and
+      the gradients overflow at a scale of 2048 (ordinary batches do not).
     """
 
     def __init__(self, type_config: str = "float", *, batch: int = 4, d_in: int = 3,
@@ -50,8 +56,9 @@ class Net:
         for v in self.params.values():
             v.d = rng.uniform(-0.5, 0.5, v.shape).astype(np.float32)
         self.calls = 0          # how many batches the feeder has loaded
-        self.bad = set()        # feeder call indices that get an inf in x
-        self.huge = set()       # feeder call indices whose x is multiplied by 1e3
+        self.bad = set()
+        self.huge = set()
+        self.large = set()
 
     def batch(self, index: int):
         """The batch number ``index`` as float32 arrays ``(x, t)``."""
@@ -60,6 +67,8 @@ class Net:
         t = rng.randn(*self.t.shape).astype(np.float32)
         if index in self.huge:
             x = x * np.float32(1e3)
+        if index in self.large:
+            x = x * np.float32(20.0)
         if index in self.bad:
             x[0, 0] = np.inf
         return x, t

@@ -22,9 +22,13 @@ def _half_net(scope="net", **kwargs):
 
 
 def _half_linear_net(scope="net"):
-    """Linear, so that a batch fed with ``huge`` (x * 1e3) overflows the float16 gradients
-    at any scale >= 1 (d W ~ 1e6), while it stays finite in float32."""
+    """Linear: a batch in ``net.large`` (x * 20) keeps a finite float16 loss but its
+    gradients overflow at ``LARGE_OVERFLOWS`` and above, where ordinary batches do not
+    (largest gradient per unit of scale: 28 to 152 for large batches, below 2 otherwise)."""
     return Net("half", scope=scope)
+
+
+LARGE_OVERFLOWS = 4096.0
 
 
 def _all_finite(params):
@@ -36,7 +40,10 @@ def _all_finite(params):
 def test_overflowing_steps_are_skipped_bitwise_and_the_scale_recovers(kind, hp):
     net = _half_net()
     solver = net.solver(kind, **hp)
-    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=256.0, N=1000)
+    # floor_policy="ignore": no diagnosis replay, which would overwrite the gradients that
+    # are inspected below.
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=256.0, N=1000,
+                                        floor_policy="ignore")
     for _ in range(2):                          # non-trivial solver states first
         assert updater.update().updated
     params, states = net.snapshot(), solver_states(solver)
@@ -204,11 +211,12 @@ def test_nonfinite_params_names_exactly_the_overflowing_parameters():
 
 def test_retry_returns_the_first_updated_step():
     net = _half_linear_net()
-    net.huge = {0, 1, 2}                        # x * 1e3: the loss overflows float16
+    net.large = {0, 1, 2}
     solver = net.solver("Adam", alpha=1e-2)
-    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=8.0, max_retries=5)
+    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=LARGE_OVERFLOWS,
+                                      max_retries=5)
     r = updater.update()
-    assert (r.skipped, r.attempts, r.step, r.scale) == (False, 4, 3, 8.0)
+    assert (r.skipped, r.attempts, r.step, r.scale) == (False, 4, 3, LARGE_OVERFLOWS)
     assert net.calls == 4
     assert (updater.steps, updater.updates, updater.skipped_steps, updater.overflow_streak,
             updater.longest_overflow_streak) == (4, 1, 3, 0, 3)
@@ -216,19 +224,21 @@ def test_retry_returns_the_first_updated_step():
     clean = _half_linear_net(scope="clean")
     clean_solver = clean.solver("Adam", alpha=1e-2)
     clean.calls = 3
-    FixedLossScalingUpdater(clean_solver, clean.loss, clean.feeder, scale=8.0).update()
+    FixedLossScalingUpdater(clean_solver, clean.loss, clean.feeder,
+                            scale=LARGE_OVERFLOWS).update()
     assert_bitwise_equal(net.snapshot(), clean.snapshot())
     assert_states_bitwise_equal(solver_states(solver), solver_states(clean_solver))
 
 
 def test_retry_counts_attempts_with_accumulation_and_a_dynamic_scale():
     net = _half_linear_net()
-    net.huge = {1, 2}                           # attempts 1 (batches 0, 1) and 2 (2, 3)
+    net.large = {1, 2}                          # attempts 1 (batches 0, 1) and 2 (2, 3)
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale=2.0 ** 10, N=1000, accum_grad=2, max_retries=3)
+                                        scale=2 * LARGE_OVERFLOWS, N=1000, accum_grad=2,
+                                        max_retries=3)
     r = updater.update()
     assert (r.skipped, r.attempts, r.step, r.scale, r.next_scale) == (
-        False, 3, 2, 2.0 ** 8, 2.0 ** 8)
+        False, 3, 2, LARGE_OVERFLOWS / 2, LARGE_OVERFLOWS / 2)
     assert net.calls == 6
     r = updater.update()
     assert (r.skipped, r.attempts, r.step) == (False, 1, 3)
@@ -238,19 +248,20 @@ def test_retry_counts_attempts_with_accumulation_and_a_dynamic_scale():
 @pytest.mark.parametrize("max_retries", [0, 1, 3])
 def test_retry_gives_up_after_exactly_max_retries_plus_one_attempts(max_retries):
     net = _half_linear_net()
-    net.huge = set(range(100))
+    net.large = set(range(100))
     solver = net.solver("Momentum", lr=0.1, momentum=0.9)
-    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 10,
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 20,
                                         N=1000, max_retries=max_retries)
     params, states = net.snapshot(), solver_states(solver)
     k = max_retries + 1
     r = updater.update()
     assert (r.skipped, r.attempts, r.step) == (True, k, k - 1)
-    assert (r.scale, r.next_scale) == (2.0 ** (10 - k + 1), 2.0 ** (10 - k))
+    assert (r.scale, r.next_scale) == (2.0 ** (20 - k + 1), 2.0 ** (20 - k))
     assert net.calls == k
     r = updater.update()
     assert (r.skipped, r.attempts, r.step) == (True, k, 2 * k - 1)
     assert net.calls == 2 * k
+    assert updater.scale == 2.0 ** (20 - 2 * k)
     assert (updater.steps, updater.updates, updater.skipped_steps, updater.overflow_streak,
             updater.longest_overflow_streak) == (2 * k, 0, 2 * k, 2 * k, 2 * k)
     assert_bitwise_equal(net.snapshot(), params)
@@ -262,7 +273,7 @@ def test_retry_is_iterative_not_recursive():
     net.bad = set(range(5000))
     retries = sys.getrecursionlimit() + 100
     updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                      scale=1.0, max_retries=retries)
+                                      scale=1.0, max_retries=retries, floor_policy="ignore")
     r = updater.update()
     assert (r.skipped, r.attempts) == (True, retries + 1)
     assert net.calls == retries + 1
@@ -270,16 +281,33 @@ def test_retry_is_iterative_not_recursive():
 
 def test_stale_overflow_does_not_leak_into_the_next_step():
     net = _half_linear_net()
-    net.huge = {0}
+    net.large = {0}
     solver = net.solver("Adam", alpha=1e-2)
-    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=8.0)
+    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=LARGE_OVERFLOWS)
     assert updater.update().skipped
+    assert np.isfinite(net.loss.d).all()                     # the gradients overflowed
     assert updater.detector.nonfinite_params(net.params)     # inf left in the gradients
     assert updater.update().updated
     assert _all_finite(net.params)
     clean = _half_linear_net(scope="clean")
     clean_solver = clean.solver("Adam", alpha=1e-2)
     clean.calls = 1
-    FixedLossScalingUpdater(clean_solver, clean.loss, clean.feeder, scale=8.0).update()
+    FixedLossScalingUpdater(clean_solver, clean.loss, clean.feeder,
+                            scale=LARGE_OVERFLOWS).update()
     assert_bitwise_equal(net.snapshot(), clean.snapshot())
     assert_states_bitwise_equal(solver_states(solver), solver_states(clean_solver))
+
+
+def test_a_non_finite_loss_is_skipped_without_lowering_the_scale():
+    net = _half_linear_net()
+    net.huge = {1}                              # x * 1e3: the float16 loss itself is inf
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=64.0, N=1000)
+    assert updater.update().updated
+    params, states = net.snapshot(), solver_states(solver)
+    r = updater.update()
+    assert not np.isfinite(net.loss.d).all()
+    assert (r.skipped, r.scale, r.next_scale) == (True, 64.0, 64.0)
+    assert_bitwise_equal(net.snapshot(), params)
+    assert_states_bitwise_equal(solver_states(solver), states)
+    assert updater.update().updated

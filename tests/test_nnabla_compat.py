@@ -109,7 +109,10 @@ def test_scale_attribute_reads_and_writes_like_nnabla():
 def test_retry_mode_reproduces_nnabla_retry_on_overflow():
     """nnabla's updater retries an overflowing step on the next batch; so does max_retries."""
     theirs, ours, s_theirs, s_ours = _pair("Adam")
-    theirs.bad = ours.bad = {2, 5, 6}           # an inf in x: gradients not finite
+    # An inf in x: gradients not finite. nnabla's updater halves its scale on these; ours
+    # keeps it (the loss itself is not finite), which cannot change the parameters since
+    # both scales stay powers of two.
+    theirs.bad = ours.bad = {2, 5, 6}
     a = NnablaUpdater(s_theirs, theirs.loss, theirs.feeder, scale=64.0, N=3)
     b = DynamicLossScalingUpdater(s_ours, ours.loss, ours.feeder, scale=64.0, N=3,
                                   max_retries=100)

@@ -20,11 +20,16 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
 
 
 def _busy_dynamic(scope="net"):
-    """8 steps, bad batches at 2, 3, 4, 5 and 7: every counter has a distinct value."""
+    """8 steps, overflows at 2, 3, 4, 5 and 7: every counter has a distinct value.
+
+    The overflows are batches whose scaled gradients exceed 65504 (saturation mode) while
+    the loss stays finite.
+    """
     net = Net(scope=scope)
-    net.bad = {2, 3, 4, 5, 7}
+    net.huge = {2, 3, 4, 5, 7}
     updater = DynamicLossScalingUpdater(net.solver("Adam", alpha=1e-2), net.loss, net.feeder,
-                                        scale=64.0, N=3, hysteresis=2)
+                                        scale=64.0, N=3, hysteresis=2,
+                                        overflow_mode="saturation", floor_policy="ignore")
     for _ in range(8):
         updater.update()
     return net, updater
@@ -53,13 +58,14 @@ def test_state_dict_round_trip_restores_state_and_behaviour():
     net, updater = _busy_dynamic()
     other_net = Net(scope="other")
     other = DynamicLossScalingUpdater(other_net.solver("Adam", alpha=1e-2), other_net.loss,
-                                      other_net.feeder, scale=8.0, N=2000)
+                                      other_net.feeder, scale=8.0, N=2000,
+                                      overflow_mode="saturation", floor_policy="ignore")
     other.load_state_dict(json.loads(json.dumps(updater.state_dict())))
     assert other.state_dict() == updater.state_dict()
     assert (other.scale, other.N, other.scaling_factor) == (4.0, 3, 2.0)
     # Same overflow pattern from here on: the two agree step by step.
     other_net.calls = net.calls
-    other_net.bad = net.bad = {9, 10, 11, 15}
+    other_net.huge = net.huge = {9, 10, 11, 15}
     for _ in range(10):
         a, b = updater.update(), other.update()
         assert (a.step, a.skipped, a.scale, a.next_scale) == (

@@ -59,11 +59,12 @@ class ReferenceTraining:
 
     def __init__(self, params, kind, *, scale, N=10 ** 9, accum=1, wd=None, average=False,
                  clip=None, growth=2.0, backoff=0.5, min_scale=1.0, max_scale=2.0 ** 24,
-                 fixed=False):
+                 fixed=False, saturation=False):
         self.w = {k: np.array(v, dtype=np.float64) for k, v in params.items()}
         self.solver = NumpySolver(kind, **SOLVERS[kind])
         self.scale, self.N, self.accum, self.wd = scale, N, accum, wd
         self.average, self.clip, self.fixed = average, clip, fixed
+        self.saturation = saturation
         self.growth, self.backoff = growth, backoff
         self.min_scale, self.max_scale = min_scale, max_scale
         self.good = 0
@@ -73,13 +74,21 @@ class ReferenceTraining:
         s = self.scale
         gW = np.zeros_like(self.w[W])
         gb = np.zeros_like(self.w[B])
+        loss_finite = True
         with np.errstate(all="ignore"):
             for x, t in batches:
                 dW, db = linear_mse_grads(self.w[W], self.w[B], x, t)
                 gW += s * dW
                 gb += s * db
-        if not (np.isfinite(gW).all() and np.isfinite(gb).all()):
-            if not self.fixed:
+                y = x.astype(np.float64) @ self.w[W] + self.w[B]
+                loss_finite &= bool(np.isfinite(np.mean((y - t) ** 2)))
+        overflow = not (np.isfinite(gW).all() and np.isfinite(gb).all())
+        if self.saturation:
+            overflow = overflow or max(np.abs(gW).max(), np.abs(gb).max()) >= 65504.0
+        if overflow:
+            # A non-finite loss is skipped without touching the scale: a smaller scale
+            # cannot make the loss finite.
+            if not self.fixed and loss_finite:
                 self.good = 0
                 self.scale = max(self.min_scale, s * self.backoff)
             return s, True
@@ -196,31 +205,53 @@ def test_clip_result_does_not_depend_on_the_scale(kind):
 
 def test_dynamic_scale_trajectory_with_overflowing_batches():
     net = Net()
-    net.bad = {2, 3, 7}                      # x holds an inf: the gradients are not finite
+    # x * 1e3 at steps 2, 3, 7: the loss stays finite, the scaled gradients exceed 65504,
+    # an overflow in saturation mode. An inf in x at step 5: the loss itself is not finite.
+    net.huge = {2, 3, 7}
+    net.bad = {5}
     start = net.snapshot()
     updater = DynamicLossScalingUpdater(net.solver("Momentum", **SOLVERS["Momentum"]),
                                         net.loss, net.feeder, scale=64.0, N=2,
-                                        weight_decay=1e-2)
-    ref = ReferenceTraining(start, "Momentum", scale=64.0, N=2, wd=1e-2)
+                                        weight_decay=1e-2, overflow_mode="saturation")
+    ref = ReferenceTraining(start, "Momentum", scale=64.0, N=2, wd=1e-2, saturation=True)
     results = _run_and_compare(net, updater, ref, steps=10)
-    assert [r.scale for r in results] == [64, 64, 128, 64, 32, 32, 64, 64, 32, 32]
-    assert [r.skipped for r in results] == [False, False, True, True, False, False, False,
+    assert [r.scale for r in results] == [64, 64, 128, 64, 32, 32, 32, 64, 32, 32]
+    assert [r.skipped for r in results] == [False, False, True, True, False, True, False,
                                             True, False, False]
-    assert [r.next_scale for r in results][:5] == [64, 128, 64, 32, 32]
-    assert (updater.steps, updater.updates, updater.skipped_steps) == (10, 7, 3)
+    # Step 5 (non-finite loss) keeps the scale and the good-step count: step 6 grows.
+    assert [r.next_scale for r in results] == [64, 128, 64, 32, 32, 32, 64, 32, 32, 64]
+    assert (updater.steps, updater.updates, updater.skipped_steps) == (10, 6, 4)
     assert (updater.overflow_streak, updater.longest_overflow_streak) == (0, 2)
+
+
+@pytest.mark.parametrize("micro", [
+    pytest.param(0, marks=pytest.mark.xfail(
+        strict=True, reason="known: only the last micro-batch's loss is checked for a "
+                            "non-finite value, so an inf loss in an earlier micro-batch is "
+                            "treated as an overflow and lowers the scale")),
+    1,
+])
+def test_non_finite_loss_in_any_micro_batch_keeps_the_scale(micro):
+    net = Net()
+    net.bad = {micro}                           # an inf in x of one of the two micro-batches
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale=64.0, N=100, accum_grad=2)
+    r = updater.update()
+    assert (r.skipped, r.scale, r.next_scale) == (True, 64.0, 64.0)
 
 
 def test_dynamic_scale_trajectory_with_hysteresis_and_bounds():
     net = Net()
-    net.bad = {0, 1, 2, 3, 6, 7}
+    net.huge = {0, 1, 2, 3, 6, 7}
     start = net.snapshot()
+    # floor_policy="ignore": overflows at min_scale are the point here, not the diagnosis.
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
                                         scale=3.0, N=2, hysteresis=2, min_scale=2.0,
-                                        max_scale=3.0, backoff_factor=0.25)
+                                        max_scale=3.0, backoff_factor=0.25,
+                                        overflow_mode="saturation", floor_policy="ignore")
     # The reference has no hysteresis: it is given the updater's scale at every step and
     # checks the parameters; the scale sequence is spelled out below.
-    ref = ReferenceTraining(start, "Sgd", scale=3.0)
+    ref = ReferenceTraining(start, "Sgd", scale=3.0, saturation=True)
     steps = []
     for i in range(10):
         ref.scale = updater.scale
