@@ -15,13 +15,21 @@ from mpi_helpers import TIMEOUT, check_ok, load_ranks, run_mpi
 RANKS = [2, 3]
 BAD_RANK = 1
 BAD_STEPS = [2, 3, 7]
+BACKWARD_OVERFLOW = 50.0  # batch factor: float16 gradients overflow, the loss stays finite
+NONFINITE_LOSS = 1e4  # batch factor: the float16 loss itself overflows
 
 
-def expected_scales(n_steps, bad_steps, init=1024.0, N=3, max_scale=4096.0):
-    """Scale used at each step: halve on overflow, double after N good steps in a row."""
+def expected_scales(n_steps, bad_steps, init=1024.0, N=3, max_scale=4096.0,
+                    ignored_steps=()):
+    """Scale used at each step: halve on overflow, double after N good steps in a row.
+
+    ``ignored_steps`` (skipped for a non-finite loss) neither back off nor count as good.
+    """
     scales, scale, good = [], init, 0
     for step in range(n_steps):
         scales.append(scale)
+        if step in ignored_steps:
+            continue
         if step in bad_steps:
             scale, good = scale / 2, 0
         else:
@@ -35,7 +43,7 @@ def expected_scales(n_steps, bad_steps, init=1024.0, N=3, max_scale=4096.0):
 def overflow_run(request, tmp_path_factory):
     n = request.param
     outdir = tmp_path_factory.mktemp(f"overflow_np{n}")
-    check_ok(run_mpi(n, "train.py", outdir, "overflow", BAD_RANK, *BAD_STEPS))
+    check_ok(run_mpi(n, "train.py", outdir, "overflow", BAD_RANK, BACKWARD_OVERFLOW, *BAD_STEPS))
     return n, load_ranks(outdir, n)
 
 
@@ -80,6 +88,21 @@ def test_one_all_reduce_per_step_with_overflow(overflow_run):
     n, res = overflow_run
     for _, meta in res:
         assert meta["all_reduce_calls"] == 10  # skipped steps included
+
+
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_nonfinite_loss_on_one_rank_skips_everywhere_and_keeps_the_scale(tmp_path, n):
+    check_ok(run_mpi(n, "train.py", tmp_path, "overflow", BAD_RANK, NONFINITE_LOSS, *BAD_STEPS))
+    res = load_ranks(tmp_path, n)
+    # a non-finite loss is no overflow: the scale neither backs off nor counts the step
+    expected = expected_scales(10, [], ignored_steps=BAD_STEPS)
+    assert expected == [1024.0] * 5 + [2048.0] * 4 + [4096.0]
+    for r, (npz, meta) in enumerate(res):
+        assert meta["skipped"] == [step in BAD_STEPS for step in range(10)], f"rank {r}"
+        assert meta["params_unchanged"] == meta["skipped"]
+        assert meta["scale"] == expected, f"rank {r}"
+        for k in (k for k in npz if k.startswith("param/")):
+            np.testing.assert_array_equal(npz[k], res[0][0][k])
 
 
 @pytest.mark.parametrize("accum", [1, 2], ids=lambda a: f"accum{a}")
@@ -133,3 +156,23 @@ def test_digits_example_reports_the_same_accuracy_on_every_rank():
     assert accuracies[0][1] == accuracies[1][1]
     assert float(accuracies[0][1]) > 0.88  # 120 steps of batch 64 already learn the digits
     assert "accuracy identical on every rank: yes" in result.stdout
+
+
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_overflow_streak_from_one_rank_is_diagnosed_alike_on_every_rank(tmp_path, n):
+    # Rank 1's batches overflow in backward for 5 steps; with diagnose_after=3 every rank
+    # diagnoses its own batch after the third. Only rank 1 reproduces the overflow, yet all
+    # ranks must keep training (a smaller scale fixes it) instead of some raising while the
+    # others wait in the next all-reduce.
+    check_ok(run_mpi(n, "train.py", tmp_path, "streak", BAD_RANK, BACKWARD_OVERFLOW,
+                     0, 1, 2, 3, 4))
+    res = load_ranks(tmp_path, n)
+    for r, (_, meta) in enumerate(res):
+        assert meta["skipped"] == [True] * 5 + [False] * 5, f"rank {r}"
+        assert meta["scale"] == res[0][1]["scale"]
+        assert meta["scale"][:5] == [1024.0, 512.0, 256.0, 128.0, 64.0]
+        assert meta["report_kind"] == ("overflow" if r == BAD_RANK else "not_reproduced")
+        assert meta["all_reduce_calls"] == 10 + 1  # one step each, plus the diagnosis vote
+    for k in (k for k in res[0][0] if k.startswith("param/")):
+        for npz, _ in res[1:]:
+            np.testing.assert_array_equal(npz[k], res[0][0][k])

@@ -2,8 +2,12 @@
 
 Usage: mpiexec -n N python train.py OUTDIR MODE [ARGS]
 
-MODE "overflow" BAD_RANK STEPS...: float16 network; at the listed steps the batch of rank
-    BAD_RANK only is multiplied by 1e4 so that its float16 gradients overflow.
+MODE "overflow" BAD_RANK FACTOR STEPS...: float16 network; at the listed steps the batch
+    of rank BAD_RANK only is multiplied by FACTOR: 50 makes its float16 gradients overflow
+    in backward (the loss stays finite), 1e4 makes its loss itself non-finite.
+MODE "streak" BAD_RANK FACTOR STEPS...: like "overflow" with diagnose_after=3; the listed
+    steps form a streak of overflows that only BAD_RANK's batch causes (each rank
+    diagnoses its own batch; the ranks must still act alike).
 MODE "parity" ACCUM_GRAD: float network trained with average_ranks=True; rank 0 also
     trains a single-process copy on the concatenated batches for comparison.
 MODE "raise" STEP: float network; the data feeder of the last rank raises at STEP.
@@ -47,8 +51,8 @@ def same(a, b):
 
 out, meta = {}, {"rank": rank, "size": size}
 
-if mode == "overflow":
-    bad_rank, bad_steps = int(args[0]), {int(s) for s in args[1:]}
+if mode in ("overflow", "streak"):
+    bad_rank, factor, bad_steps = int(args[0]), float(args[1]), {int(s) for s in args[2:]}
     nn.set_default_context(get_extension_context("cpu", type_config="half"))
     x, t = nn.Variable((4, 6)), nn.Variable((4, 3))
     with nn.parameter_scope("net"):
@@ -64,11 +68,13 @@ if mode == "overflow":
     def feed():
         step = updater.steps
         data = np.random.RandomState(1000 * rank + step)
-        x.d = data.randn(4, 6) * (1e4 if (rank == bad_rank and step in bad_steps) else 1.0)
+        x.d = data.randn(4, 6) * (factor if (rank == bad_rank and step in bad_steps) else 1.0)
         t.d = data.randn(4, 3)
 
+    extra = {"diagnose_after": 3} if mode == "streak" else {}
     updater = DynamicLossScalingUpdater(solver, loss, feed, scale=1024.0, N=3,
-                                        max_scale=4096.0, comm=comm, average_ranks=True)
+                                        max_scale=4096.0, comm=comm, average_ranks=True,
+                                        **extra)
     calls0 = comm.n_all_reduce_calls
     meta.update(skipped=[], scale=[], next_scale=[], params_unchanged=[], states_unchanged=[])
     for i in range(10):
@@ -82,6 +88,8 @@ if mode == "overflow":
     meta["all_reduce_calls"] = comm.n_all_reduce_calls - calls0
     meta["skipped_steps"] = updater.skipped_steps
     meta["updates"] = updater.updates
+    report = getattr(updater, "last_report", None)
+    meta["report_kind"] = None if report is None else report.kind
     out.update({f"param/{k}": v for k, v in snapshot(params).items()})
 
 elif mode == "parity":
