@@ -1,0 +1,87 @@
+"""Argument checks shared by the package.
+
+Every check raises ``TypeError`` (wrong kind of value) or ``ValueError`` (right kind, wrong
+value) with a message that names the argument, repeats the value received and says what is
+allowed. Pure Python: importable without nnabla.
+"""
+import math
+import numbers
+from typing import Any, Iterable, Mapping, Optional
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def real(name: str, value: Any, *, gt: Optional[float] = None, ge: Optional[float] = None,
+         lt: Optional[float] = None, le: Optional[float] = None) -> float:
+    """Returns ``value`` as a finite float after checking it against the given bounds."""
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a real number, got {value!r} "
+                        f"of type {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    bounds = []
+    if gt is not None:
+        bounds.append(f"> {gt:g}")
+    if ge is not None:
+        bounds.append(f">= {ge:g}")
+    if lt is not None:
+        bounds.append(f"< {lt:g}")
+    if le is not None:
+        bounds.append(f"<= {le:g}")
+    if ((gt is not None and not value > gt) or (ge is not None and not value >= ge)
+            or (lt is not None and not value < lt) or (le is not None and not value <= le)):
+        raise ValueError(f"{name} must be {' and '.join(bounds)}, got {value!r}")
+    return value
+
+
+def integer(name: str, value: Any, *, ge: Optional[int] = None) -> int:
+    """Returns ``value`` as an int after checking it is a whole number ``>= ge``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} "
+                        f"of type {type(value).__name__}")
+    value = int(value)
+    if ge is not None and value < ge:
+        raise ValueError(f"{name} must be >= {ge}, got {value!r}")
+    return value
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} "
+                        f"of type {type(value).__name__}")
+    return value
+
+
+def choice(name: str, value: Any, allowed: Iterable[str]) -> str:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, "
+                         f"got {value!r}")
+    return value
+
+
+def exact_keys(name: str, state: Any, expected: Iterable[str]) -> None:
+    """Checks that the mapping ``state`` has exactly the keys ``expected``."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{name} must be a mapping (as returned by state_dict()), "
+                        f"got {type(state).__name__}")
+    expected = set(expected)
+    missing = sorted(expected - set(state))
+    unknown = sorted(set(state) - expected, key=str)
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing}")
+        if unknown:
+            parts.append(f"unknown keys {unknown}")
+        raise ValueError(f"{name} does not match this object: {'; '.join(parts)}")
+
+
+def version(name: str, state: Mapping, expected: int) -> None:
+    got = state.get("version")
+    if got != expected:
+        raise ValueError(f"{name} has version {got!r}; this nnabla_mpt reads version "
+                         f"{expected}")
