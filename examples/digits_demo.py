@@ -59,9 +59,8 @@ import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
-from nnabla_mpt import DynamicLossScalingUpdater
+from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater
 
-FP16_MAX = 65504.0
 
 
 # --------------------------------------------------------------------------- data
