@@ -62,7 +62,6 @@ from nnabla.logger import logger
 from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater
 
 
-
 # --------------------------------------------------------------------------- data
 
 def load_digits_split(seed, test_fraction=0.2):
@@ -158,8 +157,13 @@ def make_solver(ctx, scope, lr):
 
 # ----------------------------------------------------------------------- training
 
-def train_fp16(graph, solver, stream, steps, scale, interval, progress=True):
-    """Trains with :class:`DynamicLossScalingUpdater`; returns the per-step history."""
+def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, progress=True):
+    """Trains with :class:`DynamicLossScalingUpdater`; returns the per-step history.
+
+    The history holds, per step, the loss divided by ``loss_divisor`` (the batch
+    size for a summed loss: the loss per example), the scale the step ran with,
+    the scale of the next step and whether the step was skipped.
+    """
     from tqdm import tqdm
 
     def feed():
@@ -170,7 +174,7 @@ def train_fp16(graph, solver, stream, steps, scale, interval, progress=True):
     bar = tqdm(range(steps), desc="fp16 ", disable=not progress, dynamic_ncols=True)
     for _ in bar:
         result = updater.update()
-        history["loss"].append(float(graph["loss"].d))
+        history["loss"].append(float(graph["loss"].d) / loss_divisor)
         history["scale"].append(float(result.scale))
         history["next_scale"].append(float(result.next_scale))
         history["skipped"].append(bool(result.skipped))
@@ -180,7 +184,7 @@ def train_fp16(graph, solver, stream, steps, scale, interval, progress=True):
     return history
 
 
-def train_float(graph, solver, stream, steps, progress=True):
+def train_float(graph, solver, stream, steps, loss_divisor=1, progress=True):
     """The reference: a plain float training loop, no loss scaling."""
     from tqdm import tqdm
 
@@ -191,7 +195,7 @@ def train_float(graph, solver, stream, steps, progress=True):
         graph["loss"].forward(clear_no_need_grad=True)
         graph["loss"].backward(clear_buffer=True)
         solver.update()
-        history["loss"].append(float(graph["loss"].d))
+        history["loss"].append(float(graph["loss"].d) / loss_divisor)
     return history
 
 
@@ -200,7 +204,8 @@ def train_float(graph, solver, stream, steps, progress=True):
 def accuracy(ctx, scope, x, y, hidden, seed):
     """Test accuracy of the parameters in ``scope``, computed under ``ctx``.
 
-    The graph is built in the existing scope, so it uses the trained parameters.
+    A new graph (batch = the whole test set) is built in the existing scope, so it
+    uses the trained parameters, whichever context trained them.
     """
     graph = build_graph(ctx, scope, len(x), hidden, seed)
     graph["x"].d, graph["t"].d = x, y
@@ -322,6 +327,7 @@ def report(summary):
         "  skipped steps: {} of {} ({} in warm-up, before the first update at step {};"
         " {} later)".format(sk["total"], summary["steps"], sk["warmup"],
                             sk["first_update_step"], sk["after_warmup"]),
+        "  total time {:.1f} s (training, evaluation, plot)".format(sec["total"]),
         "",
         "  wrote {}".format(summary["files"]["plot"]),
         "  wrote {}".format(summary["files"]["summary"]),
@@ -366,6 +372,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    started = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     x_train, y_train, x_test, y_test = load_digits_split(args.seed)
     logger.info("digits: {} training and {} test images".format(len(x_train), len(x_test)))
@@ -374,12 +381,16 @@ def main(argv=None):
     single = get_extension_context("cpu", type_config="float")
 
     # fp16 run: graph and solver under the half context, parameters in scope "fp16".
-    lr = args.lr / args.batch_size if args.reduction == "sum" else args.lr
+    # A summed loss has batch-size-times larger gradients; scale the learning rate
+    # (and the reported loss) so that both reductions train and read the same.
+    per_example = args.batch_size if args.reduction == "sum" else 1
+    lr = args.lr / per_example
     graph = build_graph(half, "fp16", args.batch_size, args.hidden, args.seed, args.reduction)
     solver = make_solver(half, "fp16", lr)
     t0 = time.perf_counter()
     fp16 = train_fp16(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
-                      args.steps, args.scale, args.interval, progress=not args.no_progress)
+                      args.steps, args.scale, args.interval, per_example,
+                      progress=not args.no_progress)
     t_fp16 = time.perf_counter() - t0
 
     # float run: same initial weights (same seed), same batches, own scope "float".
@@ -387,20 +398,16 @@ def main(argv=None):
     solver = make_solver(single, "float", lr)
     t0 = time.perf_counter()
     ref = train_float(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
-                      args.steps, progress=not args.no_progress)
+                      args.steps, per_example, progress=not args.no_progress)
     t_float = time.perf_counter() - t0
 
-    # Both models are evaluated in float. Loss scaling is a training-time device;
-    # what matters is how good the learned weights are, measured the same way for
-    # both. The fp16 model's accuracy with fp16 inference is reported as well.
+    # Both models are evaluated by the same float graph, so the comparison measures
+    # the weights each training run produced and nothing else (loss scaling only
+    # exists in training). The fp16 weights are also evaluated by an fp16 graph, to
+    # show they serve as well when inference runs in half precision.
     acc = {"fp16": accuracy(single, "fp16", x_test, y_test, args.hidden, args.seed),
            "float": accuracy(single, "float", x_test, y_test, args.hidden, args.seed),
            "fp16_inference": accuracy(half, "fp16", x_test, y_test, args.hidden, args.seed)}
-
-    # The plot and the summary show the loss per example, whatever the reduction.
-    per_example = args.batch_size if args.reduction == "sum" else 1
-    for history in (fp16, ref):
-        history["loss"] = [v / per_example for v in history["loss"]]
 
     plot_path = os.path.join(args.out, "digits_fp16.png")
     summary_path = os.path.join(args.out, "summary.json")
@@ -418,9 +425,10 @@ def main(argv=None):
                        "last_steps": tail},
         "loss_scale": scale_trajectory(fp16),
         "skipped_steps": skipped_summary(fp16),
-        "seconds": {"fp16": t_fp16, "float": t_float},
+        "seconds": {"fp16": t_fp16, "float": t_float},  # "total" is added below
         "files": {"plot": plot_path, "summary": summary_path},
     }
+    summary["seconds"]["total"] = time.perf_counter() - started
     with open(summary_path, "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
     print(report(summary))

@@ -56,6 +56,7 @@ def test_short_run_learns_in_fp16_like_float(short_run):
     assert acc["fp16_inference"] > 0.7, acc
     assert np.isfinite(summary["final_loss"]["fp16"])
     assert summary["final_loss"]["fp16"] < 1.0, summary["final_loss"]
+    assert set(summary["seconds"]) == {"fp16", "float", "total"}
 
 
 def test_scale_starts_high_and_backs_off(short_run):
