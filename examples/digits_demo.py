@@ -343,7 +343,7 @@ def parse_args(argv=None):
                     "compared with float training.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, default=1000, help="training steps (both runs)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="examples per step")
     p.add_argument("--seed", type=int, default=0,
                    help="fixes the data split, the initial weights and the batch order")
     p.add_argument("--out", default=os.path.join("runs", "digits"),
