@@ -17,6 +17,9 @@ _LAZY = {
     "DynamicLossScalingUpdater": "updater",
     "FixedLossScalingUpdater": "updater",
     "StepResult": "updater",
+    "diagnose": "diagnosis",
+    "OverflowReport": "diagnosis",
+    "LossScaleCollapseError": "diagnosis",
 }
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "FP16_MAX"] + list(_LAZY)

@@ -4,11 +4,12 @@ Both updaters run the same loop (:class:`_LossScalingUpdater`); they differ only
 policy that sets the scale.
 """
 import json
+import logging
 import math
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -16,6 +17,7 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from . import _validate as check
+from . import diagnosis
 from .detector import OverflowDetector, OverflowMode
 from .policy import DynamicLossScale, FixedLossScale
 from .precision import PrecisionSchedule
@@ -23,6 +25,8 @@ from .precision import PrecisionSchedule
 _UPDATER_STATE_VERSION = 1
 _CHECKPOINT_FORMAT = "nnabla_mpt.checkpoint"
 _CHECKPOINT_VERSION = 1
+
+FloorPolicy = Literal["raise", "warn", "ignore"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,10 @@ def _check_grads(grads) -> Optional[List["nn.NdArray"]]:
     return list(grads)
 
 
+def _finite_loss(loss: "nn.Variable") -> bool:
+    return bool(np.isfinite(loss.d).all())
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -177,7 +185,8 @@ class _LossScalingUpdater:
     def __init__(self, solver, loss, data_feeder, policy, *, clear_buffer, accum_grad,
                  weight_decay, comm, grads, overflow_mode, enable_overflow_check,
                  clip_grad_norm, max_retries, average_accum, average_ranks,
-                 accelerate_train_mode, total_steps, final_loss, high_precision_loss) -> None:
+                 accelerate_train_mode, total_steps, final_loss, high_precision_loss,
+                 floor_policy, diagnose_after) -> None:
         self._params = _check_solver(solver)
         self.solver = solver
         self.loss = _check_loss(loss)
@@ -206,8 +215,9 @@ class _LossScalingUpdater:
         if self.comm is not None:
             self._reduce_list = list(self.grads if self.grads is not None
                                      else (v.grad for v in self._params.values()))
-            # [overflow flag, loss] travel in the gradients' buffer: one collective a step.
-            self._flag = nn.NdArray((2,))
+            # [overflow flag, loss, non-finite loss flag] travel in the gradients' buffer:
+            # one collective a step.
+            self._flag = nn.NdArray((3,))
             self._reduce_list.append(self._flag)
         self.steps = 0
         self.updates = 0
@@ -215,6 +225,12 @@ class _LossScalingUpdater:
         self.overflow_streak = 0
         self.longest_overflow_streak = 0
         self.last_result: Optional[StepResult] = None
+        self.floor_policy = check.choice("floor_policy", floor_policy,
+                                         ("raise", "warn", "ignore"))
+        self.diagnose_after = check.integer("diagnose_after", diagnose_after, ge=1)
+        self.last_report: Optional[diagnosis.OverflowReport] = None
+        # A streak is diagnosed once by its length, and reported (raise/warn) at most once.
+        self._streak_diagnosed = self._streak_reported = False
 
     # -- the scale ---------------------------------------------------------------------
     @property
@@ -282,17 +298,25 @@ class _LossScalingUpdater:
 
         overflow = False
         loss_value = loss_sum / self.accum_grad
+        loss_nonfinite = False
         if self.comm is not None:
             local = self.enable_overflow_check and self.detector.check(solver)
-            self._flag.data = np.array([1.0 if local else 0.0, loss_value], dtype=np.float32)
+            bad_loss = local and not _finite_loss(loss)
+            self._flag.data = np.array([1.0 if local else 0.0, loss_value,
+                                        1.0 if bad_loss else 0.0], dtype=np.float32)
             self.comm.all_reduce(self._reduce_list, division=False, inplace=True)
-            flag, loss_total = (float(x) for x in self._flag.data)
+            flag, loss_total, bad_losses = (float(x) for x in self._flag.data)
             # Every rank decides on the same reduced values, so all take the same branch.
             overflow = self.enable_overflow_check and (flag > 0.0 or self.detector.check(solver))
+            loss_nonfinite = overflow and bad_losses > 0.0
             loss_value = loss_total / self.comm.size
         elif self.enable_overflow_check:
             overflow = self.detector.check(solver)
-        if precision != "float" or schedule is None:
+            loss_nonfinite = overflow and not _finite_loss(loss)   # read on overflow only
+        scaled = precision != "float" or schedule is None
+        at_floor = scaled and self.policy.at_min_scale
+        # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
+        if scaled and not loss_nonfinite:
             self.policy.update(overflow)
 
         self.steps += 1
@@ -301,7 +325,6 @@ class _LossScalingUpdater:
             self.overflow_streak += 1
             self.longest_overflow_streak = max(self.longest_overflow_streak,
                                                self.overflow_streak)
-            self._on_overflow(index, scale)
         else:
             self.overflow_streak = 0
             self._apply(scale)
@@ -311,6 +334,8 @@ class _LossScalingUpdater:
         result = StepResult(step=index, skipped=overflow, scale=scale,
                             next_scale=self.scale, attempts=attempts, precision=precision)
         self.last_result = result
+        if overflow:
+            self._on_overflow(index, scale, loss, at_floor, loss_nonfinite)
         return result
 
     def _unscale_factor(self, scale: float) -> float:
@@ -340,9 +365,46 @@ class _LossScalingUpdater:
             self.solver.weight_decay(self.weight_decay)
         self.solver.update()
 
-    def _on_overflow(self, index: int, scale: float) -> None:
-        logger.debug(f"nnabla_mpt: step {index} skipped (gradient overflow); loss scale "
-                     f"{scale:g} -> {self.policy.get_loss_scale():g}")
+    def _on_overflow(self, index: int, scale: float, loss: "nn.Variable", at_floor: bool,
+                     loss_nonfinite: bool) -> None:
+        """After a skipped step: log it; on a collapse, diagnose and act by floor_policy."""
+        if logger.isEnabledFor(logging.DEBUG):
+            bad = len(self.detector.nonfinite_params(self._params))
+            what = "non-finite" if self.detector.mode == "inf_nan" else "saturated"
+            logger.debug(f"nnabla_mpt: step {index} skipped: {bad} of {len(self._params)} "
+                         f"parameter gradients {what}; loss scale {scale:g} -> "
+                         f"{self.scale:g}" + (" (kept: the loss itself is non-finite)"
+                                              if loss_nonfinite else ""))
+        if self.overflow_streak == 1:
+            self._streak_diagnosed = self._streak_reported = False
+        if self.floor_policy == "ignore" or self._streak_reported:
+            return
+        if at_floor:
+            reason = f"overflow at the minimum loss scale {scale:g}"
+        elif self.overflow_streak >= self.diagnose_after and not self._streak_diagnosed:
+            reason = f"{self.overflow_streak} consecutive overflowing steps"
+        else:
+            return
+        self._streak_diagnosed = True
+        report = diagnosis.diagnose(loss, scale, self._params)
+        if loss_nonfinite:
+            report.notes.append(
+                f"step {index} had a non-finite loss: the updater skipped it without "
+                "lowering the loss scale.")
+        self.last_report = report
+        if (report.kind == "overflow" and isinstance(self.policy, DynamicLossScale)
+                and not self.policy.at_min_scale):
+            # Pure overflow while the scale can still back off: the policy is doing its
+            # job (e.g. an initial scale far too high); the floor will call again if not.
+            logger.info(f"nnabla_mpt: {reason}: the gradients overflow only because of the "
+                        f"scale ({report.function} in backward); it keeps backing off, now "
+                        f"{self.scale:g}")
+            return
+        self._streak_reported = True
+        if self.floor_policy == "raise":
+            raise diagnosis.LossScaleCollapseError(report, reason)
+        logger.warning(f"nnabla_mpt: loss scale collapse ({reason}); training goes on "
+                       f"skipping these steps (floor_policy='warn').\n{report}")
 
     # -- state -------------------------------------------------------------------------
     _COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
@@ -532,6 +594,25 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
         final_loss: Target loss of the run, for the ``loss`` trigger.
         high_precision_loss: The same network's loss built under the float context, sharing
             the parameters of ``loss``.
+        floor_policy: What to do when the loss scale collapses, i.e. when the overflow
+            streak reaches ``diagnose_after`` or a step overflows at ``min_scale``: the
+            updater replays the last batch with :func:`nnabla_mpt.diagnosis.diagnose` and
+            ``"raise"`` (default) raises
+            :class:`~nnabla_mpt.diagnosis.LossScaleCollapseError` carrying the report;
+            ``"warn"`` logs the report once (``logger.warning``) and keeps skipping;
+            ``"ignore"`` does neither (and runs no diagnosis). The report is kept in
+            :attr:`last_report`. A streak is reported at most once. A streak whose report
+            says ``kind="overflow"`` (the batch is finite at a smaller scale) while the
+            scale can still back off is no collapse: it is logged at info level and
+            training goes on; if the scale then reaches ``min_scale`` the floor triggers.
+            A step whose loss itself is non-finite is skipped and counted without
+            lowering the scale (the policy is not updated for it).
+        diagnose_after: Consecutive overflowing steps that trigger the diagnosis (>= 1).
+            A single overflow is only skipped and counted.
+
+    Attributes:
+        last_report: The :class:`~nnabla_mpt.diagnosis.OverflowReport` of the last
+            diagnosis, or None.
 
     Example:
         >>> import numpy as np, nnabla as nn, nnabla.functions as F
@@ -560,7 +641,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                  average_accum: bool = False, average_ranks: bool = False,
                  accelerate_train_mode: Optional[str] = None,
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
-                 high_precision_loss: Optional["nn.Variable"] = None) -> None:
+                 high_precision_loss: Optional["nn.Variable"] = None,
+                 floor_policy: FloorPolicy = "raise", diagnose_after: int = 8) -> None:
         policy = _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis,
                                      min_scale, max_scale)
         super().__init__(solver, loss, data_feeder, policy, clear_buffer=clear_buffer,
@@ -570,7 +652,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                          max_retries=max_retries, average_accum=average_accum,
                          average_ranks=average_ranks,
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
-                         final_loss=final_loss, high_precision_loss=high_precision_loss)
+                         final_loss=final_loss, high_precision_loss=high_precision_loss,
+                         floor_policy=floor_policy, diagnose_after=diagnose_after)
 
     @property
     def scaling_factor(self) -> float:
@@ -604,7 +687,8 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
         **options: The keyword-only options of :class:`DynamicLossScalingUpdater` that do not
             concern a dynamic scale: ``overflow_mode``, ``clip_grad_norm``, ``max_retries``,
             ``average_accum``, ``average_ranks``, ``accelerate_train_mode``, ``total_steps``,
-            ``final_loss``, ``high_precision_loss``.
+            ``final_loss``, ``high_precision_loss``, ``floor_policy``, ``diagnose_after``
+            (a fixed scale has no floor: only the overflow streak triggers the diagnosis).
     """
 
     def __init__(self, solver, loss, data_feeder: Optional[Callable[[], Any]] = None,
@@ -617,7 +701,8 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                  average_accum: bool = False, average_ranks: bool = False,
                  accelerate_train_mode: Optional[str] = None,
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
-                 high_precision_loss: Optional["nn.Variable"] = None) -> None:
+                 high_precision_loss: Optional["nn.Variable"] = None,
+                 floor_policy: FloorPolicy = "raise", diagnose_after: int = 8) -> None:
         policy = FixedLossScale(scale)
         enable_overflow_check = check.boolean("enable_overflow_check", enable_overflow_check)
         if max_retries and not enable_overflow_check:
@@ -630,4 +715,5 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                          clip_grad_norm=clip_grad_norm, max_retries=max_retries,
                          average_accum=average_accum, average_ranks=average_ranks,
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
-                         final_loss=final_loss, high_precision_loss=high_precision_loss)
+                         final_loss=final_loss, high_precision_loss=high_precision_loss,
+                         floor_policy=floor_policy, diagnose_after=diagnose_after)
