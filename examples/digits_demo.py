@@ -179,7 +179,7 @@ def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, pr
         history["next_scale"].append(float(result.next_scale))
         history["skipped"].append(bool(result.skipped))
         bar.set_postfix(loss="{:.3f}".format(history["loss"][-1]),
-                        scale="{:g}".format(result.next_scale),
+                        scale=format_scale(result.next_scale),
                         skipped=updater.skipped_steps, refresh=False)
     return history
 
@@ -287,9 +287,14 @@ def plot(path, fp16, ref, title):
     plt.close(fig)
 
 
+def format_scale(scale):
+    """A loss scale as text: whole numbers in full (16777216, not 1.67772e+07)."""
+    return str(int(scale)) if float(scale).is_integer() else "{:g}".format(scale)
+
+
 def format_changes(changes, limit=40, width=88):
     """``step:scale`` pairs wrapped in lines; the middle is elided past ``limit``."""
-    items = ["{}:{:g}".format(i, s) for i, s in changes]
+    items = ["{}:{}".format(i, format_scale(s)) for i, s in changes]
     if len(items) > limit:
         head, tail = items[:limit - 10], items[-10:]
         items = head + ["... {} more ...".format(len(items) - limit)] + tail
@@ -320,8 +325,8 @@ def report(summary):
         row.format("training time", "{:.1f} s".format(sec["fp16"]),
                    "{:.1f} s".format(sec["float"])),
         "",
-        "  loss scale: initial {:g}, min {:g}, max {:g}, final {:g}".format(
-            sc["initial"], sc["min"], sc["max"], sc["final"]),
+        "  loss scale: initial {}, min {}, max {}, final {}".format(
+            *(format_scale(sc[k]) for k in ("initial", "min", "max", "final"))),
         "  changes (step:new scale):",
         changes,
         "  skipped steps: {} of {} ({} in warm-up, before the first update at step {};"
