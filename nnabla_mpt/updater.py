@@ -3,11 +3,13 @@
 Both updaters run the same loop (:class:`_LossScalingUpdater`); they differ only in the
 policy that sets the scale.
 """
+import copy
 import json
 import logging
 import math
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence
 
@@ -151,13 +153,16 @@ def _check_comm(comm):
     return comm
 
 
-def _check_grads(grads) -> Optional[List["nn.NdArray"]]:
+def _check_grads(grads, comm) -> Optional[List["nn.NdArray"]]:
     if grads is None:
         return None
     if not isinstance(grads, (list, tuple)) or not all(isinstance(g, nn.NdArray) for g in grads):
         raise TypeError(f"grads must be None or a list of nnabla.NdArray, got {grads!r}")
     if len(grads) == 0:
-        raise ValueError("grads must not be empty; pass None to exchange the gradients "
+        if comm is None:
+            return None     # nnabla's default, spelled out: nothing to exchange
+        raise ValueError("grads must not be empty when a communicator is given: grads=[] "
+                         "would exchange nothing; pass grads=None to exchange the gradients "
                          "of all the solver's parameters")
     return list(grads)
 
@@ -177,6 +182,19 @@ def _fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
+    """Writes ``arrays`` to the binary file ``f`` as an ``.npz`` archive (``np.load`` reads it).
+
+    Unlike ``np.savez``, the archive is closed even when a write fails, so a failed save
+    leaves nothing half-open behind to fail again when it is garbage-collected.
+    """
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED,
+                         allowZip64=True) as archive:
+        for key, value in arrays.items():
+            with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
 class _LossScalingUpdater:
@@ -203,7 +221,7 @@ class _LossScalingUpdater:
         self.weight_decay = (None if weight_decay is None
                              else check.real("weight_decay", weight_decay, ge=0.0))
         self.comm = _check_comm(comm)
-        self.grads = _check_grads(grads)
+        self.grads = _check_grads(grads, self.comm)
         self.detector = OverflowDetector(overflow_mode)
         self.enable_overflow_check = check.boolean("enable_overflow_check",
                                                    enable_overflow_check)
@@ -285,6 +303,9 @@ class _LossScalingUpdater:
                 logger.info(f"nnabla_mpt: precision schedule {schedule.mode.text!r}: "
                             f"{schedule.describe_switch()}")
         watch_loss = schedule is not None and schedule.needs_loss
+        # With accumulation, a non-finite loss in any micro-batch must be seen, so each
+        # micro-batch's loss is read; with one micro-batch it is read on overflow only.
+        read_losses = watch_loss or (self.accum_grad > 1 and self.enable_overflow_check)
         loss_sum = 0.0
         solver = self.solver
         solver.zero_grad()
@@ -292,7 +313,7 @@ class _LossScalingUpdater:
             if self.data_feeder is not None:
                 self.data_feeder()
             loss.forward(clear_no_need_grad=self.clear_buffer)
-            if watch_loss:
+            if read_losses:
                 loss_sum += float(loss.d)
             loss.backward(scale, clear_buffer=self.clear_buffer)
 
@@ -301,7 +322,7 @@ class _LossScalingUpdater:
         loss_nonfinite = False
         if self.comm is not None:
             local = self.enable_overflow_check and self.detector.check(solver)
-            bad_loss = local and not _finite_loss(loss)
+            bad_loss = local and not self._losses_finite(loss, read_losses, loss_sum)
             self._flag.data = np.array([1.0 if local else 0.0, loss_value,
                                         1.0 if bad_loss else 0.0], dtype=np.float32)
             self.comm.all_reduce(self._reduce_list, division=False, inplace=True)
@@ -312,7 +333,7 @@ class _LossScalingUpdater:
             loss_value = loss_total / self.comm.size
         elif self.enable_overflow_check:
             overflow = self.detector.check(solver)
-            loss_nonfinite = overflow and not _finite_loss(loss)   # read on overflow only
+            loss_nonfinite = overflow and not self._losses_finite(loss, read_losses, loss_sum)
         scaled = precision != "float" or schedule is None
         at_floor = scaled and self.policy.at_min_scale
         # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
@@ -337,6 +358,11 @@ class _LossScalingUpdater:
         if overflow:
             self._on_overflow(index, scale, loss, at_floor, loss_nonfinite)
         return result
+
+    @staticmethod
+    def _losses_finite(loss: "nn.Variable", read: bool, loss_sum: float) -> bool:
+        """Whether every micro-batch's loss was finite (called on overflow steps only)."""
+        return math.isfinite(loss_sum) if read else _finite_loss(loss)
 
     def _unscale_factor(self, scale: float) -> float:
         divisor = scale
@@ -430,6 +456,15 @@ class _LossScalingUpdater:
             ValueError: keys are missing or unknown (the message lists them), the version
                 or the updater type differs, or a value is out of range.
         """
+        counters = self._check_state(state)
+        self.policy.load_state_dict(state["policy"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["precision"])
+        for name, value in counters.items():
+            setattr(self, name, value)
+
+    def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
+        """Checks ``state`` completely, without changing anything; returns the counters."""
         check.exact_keys("state", state,
                          ("version", "updater", "policy", "precision") + self._COUNTERS)
         check.version("state", state, _UPDATER_STATE_VERSION)
@@ -439,13 +474,13 @@ class _LossScalingUpdater:
         counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
                     for name in self._COUNTERS}
         if (state["precision"] is None) != (self.schedule is None):
+            mine = None if self.schedule is None else self.schedule.mode.text
             raise ValueError(f"state has precision schedule {state['precision']!r} but this "
-                             f"updater has {None if self.schedule is None else self.schedule.mode.text!r}")
-        self.policy.load_state_dict(state["policy"])
+                             f"updater has {mine!r}")
+        copy.copy(self.policy).load_state_dict(state["policy"])
         if self.schedule is not None:
-            self.schedule.load_state_dict(state["precision"])
-        for name, value in counters.items():
-            setattr(self, name, value)
+            copy.copy(self.schedule).load_state_dict(state["precision"])
+        return counters
 
     def save_checkpoint(self, path: str) -> None:
         """Writes parameters, solver states and updater state to ``path`` atomically.
@@ -472,7 +507,7 @@ class _LossScalingUpdater:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
+                _write_npz(f, arrays)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -488,10 +523,12 @@ class _LossScalingUpdater:
         Everything is read and checked before anything is changed.
 
         Raises:
-            ValueError: the file is not a checkpoint of this format, or its parameters do
-                not match the solver's (the message lists the names).
+            ValueError: the file is not a checkpoint of this format, or its parameters,
+                solver states or updater state do not match this updater (the message lists
+                the names). Nothing is changed then.
         """
-        with np.load(os.fspath(path), allow_pickle=False) as archive:
+        path = os.fspath(path)
+        with np.load(path, allow_pickle=False) as archive:
             if "meta" not in archive.files:
                 raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint (no metadata)")
             meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
@@ -502,50 +539,48 @@ class _LossScalingUpdater:
                              f"version={meta.get('version')!r}")
         check.exact_keys(f"parameters in {path!r}", {k: None for k in meta["params"]},
                          self._params)
-        for name, v in self._params.items():
-            saved = data[f"param/{name}"]
-            if tuple(saved.shape) != tuple(v.shape):
-                raise ValueError(f"parameter {name!r} in {path!r} has shape {saved.shape}, "
-                                 f"the solver's has {tuple(v.shape)}")
+        shapes = [(f"param/{name}", v.shape) for name, v in self._params.items()]
         states = self.solver.get_states()
         check.exact_keys(f"solver states in {path!r}", meta["solver"], states)
-
-        # Validate the updater state on a scratch policy before touching anything.
-        probe = type(self.policy).__new__(type(self.policy))
-        probe.__dict__.update(self.policy.__dict__)
-        probe.load_state_dict(meta["updater"]["policy"])
+        for name, st in states.items():
+            check.exact_keys(f"solver state {name!r} in {path!r}",
+                             {k: None for k in meta["solver"][name]["keys"]}, st.pstate)
+            shapes += [(f"solver/{name}/{key}", var.shape) for key, var in st.pstate.items()]
+        wrong = [f"{key}: {tuple(data[key].shape)} in the file, {tuple(shape)} here"
+                 for key, shape in shapes if tuple(data[key].shape) != tuple(shape)]
+        if wrong:
+            raise ValueError(f"arrays in {path!r} do not match the solver's shapes: "
+                             f"{'; '.join(wrong)}")
+        self._check_state(meta["updater"])
 
         for name, v in self._params.items():
             v.d = data[f"param/{name}"]
         for name, st in states.items():
-            saved = meta["solver"][name]
-            check.exact_keys(f"solver state {name!r} in {path!r}",
-                             {k: None for k in saved["keys"]}, st.pstate)
             for key, var in st.pstate.items():
                 var.d = data[f"solver/{name}/{key}"]
-            st.t = saved["t"]
+            st.t = meta["solver"][name]["t"]
         self.solver.set_states(states)
         self.load_state_dict(meta["updater"])
 
 
 def _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis, min_scale,
                         max_scale) -> DynamicLossScale:
-    scale = check.real("scale", scale, gt=0.0)
-    scaling_factor = check.real("scaling_factor", scaling_factor, gt=1.0)
+    init_scale = check.real("scale", scale, gt=0.0)
+    growth = check.real("scaling_factor", scaling_factor, gt=1.0)
     N = check.integer("N", N, ge=1)
     if backoff_factor is None:
-        backoff_factor = 1.0 / scaling_factor
-    min_scale = check.real("min_scale", min_scale, gt=0.0)
-    max_scale = check.real("max_scale", max_scale, gt=0.0)
-    if min_scale > max_scale:
+        backoff_factor = 1.0 / growth
+    lo = check.real("min_scale", min_scale, gt=0.0)
+    hi = check.real("max_scale", max_scale, gt=0.0)
+    if lo > hi:
         raise ValueError(f"min_scale must be <= max_scale, got min_scale={min_scale!r} and "
                          f"max_scale={max_scale!r}")
-    if not min_scale <= scale <= max_scale:
-        raise ValueError(f"scale must lie in [min_scale, max_scale] = [{min_scale:g}, "
-                         f"{max_scale:g}], got scale={scale!r}")
-    return DynamicLossScale(init_scale=scale, growth_factor=scaling_factor,
+    if not lo <= init_scale <= hi:
+        raise ValueError(f"scale must lie in [min_scale, max_scale] = [{lo:g}, {hi:g}], "
+                         f"got scale={scale!r}")
+    return DynamicLossScale(init_scale=init_scale, growth_factor=growth,
                             backoff_factor=backoff_factor, growth_interval=N,
-                            hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale)
+                            hysteresis=hysteresis, min_scale=lo, max_scale=hi)
 
 
 class DynamicLossScalingUpdater(_LossScalingUpdater):
