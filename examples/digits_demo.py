@@ -157,27 +157,47 @@ def make_solver(ctx, scope, lr):
 
 # ----------------------------------------------------------------------- training
 
-def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, progress=True):
+def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, progress=True,
+               schedule=None):
     """Trains with :class:`DynamicLossScalingUpdater`; returns the per-step history.
 
     The history holds, per step, the loss divided by ``loss_divisor`` (the batch
     size for a summed loss: the loss per example), the scale the step ran with,
-    the scale of the next step and whether the step was skipped.
+    the scale of the next step, whether the step was skipped and the precision it
+    ran in.
+
+    ``schedule`` optionally switches to full precision for the end of training: a
+    dict with ``mode`` (``accelerate_train_mode``), ``graph`` (the same network
+    built under the float context, sharing the parameters) and ``final_loss``
+    (the target of a ``loss`` trigger, or None).
     """
     from tqdm import tqdm
 
     def feed():
-        graph["x"].d, graph["t"].d = stream.next()
+        x, t = stream.next()
+        graph["x"].d, graph["t"].d = x, t
+        if schedule is not None:
+            schedule["graph"]["x"].d, schedule["graph"]["t"].d = x, t
 
-    updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, scale=scale, N=interval)
-    history = {"loss": [], "scale": [], "next_scale": [], "skipped": []}
+    options = {}
+    if schedule is not None:
+        trigger = schedule["mode"].split("|")[1].strip()
+        options = dict(accelerate_train_mode=schedule["mode"],
+                       high_precision_loss=schedule["graph"]["loss"],
+                       total_steps=steps if trigger == "step" else None,
+                       final_loss=schedule["final_loss"])
+    updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, scale=scale, N=interval,
+                                        **options)
+    history = {"loss": [], "scale": [], "next_scale": [], "skipped": [], "precision": []}
     bar = tqdm(range(steps), desc="fp16 ", disable=not progress, dynamic_ncols=True)
     for _ in bar:
         result = updater.update()
-        history["loss"].append(float(graph["loss"].d) / loss_divisor)
+        ran = graph if result.precision == "half" else schedule["graph"]
+        history["loss"].append(float(ran["loss"].d) / loss_divisor)
         history["scale"].append(float(result.scale))
         history["next_scale"].append(float(result.next_scale))
         history["skipped"].append(bool(result.skipped))
+        history["precision"].append(result.precision)
         bar.set_postfix(loss="{:.3f}".format(history["loss"][-1]),
                         scale=format_scale(result.next_scale),
                         skipped=updater.skipped_steps, refresh=False)
@@ -332,6 +352,14 @@ def report(summary):
         "  skipped steps: {} of {} ({} in warm-up, before the first update at step {};"
         " {} later)".format(sk["total"], summary["steps"], sk["warmup"],
                             sk["first_update_step"], sk["after_warmup"]),
+    ]
+    pr = summary.get("precision") or {}
+    if pr.get("accelerate_train_mode"):
+        lines.append("  precision schedule {!r}: {} steps in fp16, {} in float{}".format(
+            pr["accelerate_train_mode"], pr["half_steps"], pr["float_steps"],
+            "" if pr["switch_step"] is None else
+            " (switched at step {})".format(pr["switch_step"])))
+    lines += [
         "  total time {:.1f} s (training, evaluation, plot)".format(sec["total"]),
         "",
         "  wrote {}".format(summary["files"]["plot"]),
@@ -364,6 +392,12 @@ def parse_args(argv=None):
                         "batch size when the loss is a sum)")
     p.add_argument("--reduction", choices=["sum", "mean"], default="sum",
                    help="how the per-example losses are combined (see the module docstring)")
+    p.add_argument("--accelerate-train-mode", default=None, metavar="TYPE|TRIGGER|VALUE",
+                   help="precision schedule, e.g. 'fast|step|0.9': fp16 for the first 90%% "
+                        "of the steps, float for the rest; or 'fast|loss|1.05' with "
+                        "--final-loss")
+    p.add_argument("--final-loss", type=float, default=None,
+                   help="target loss per example, for a 'loss' trigger")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "interval"):
@@ -372,6 +406,18 @@ def parse_args(argv=None):
                                                        getattr(args, name)))
     if args.scale <= 0:
         p.error("--scale must be > 0, got {}".format(args.scale))
+    if args.accelerate_train_mode is not None:
+        from nnabla_mpt.precision import AccelerateTrainMode
+        try:
+            mode = AccelerateTrainMode.parse(args.accelerate_train_mode)
+        except ValueError as err:
+            p.error(str(err))
+        if mode.trigger == "loss" and args.final_loss is None:
+            p.error("--accelerate-train-mode {!r} uses the 'loss' trigger: give "
+                    "--final-loss".format(args.accelerate_train_mode))
+    if args.final_loss is not None and (args.accelerate_train_mode is None
+                                        or "|loss" not in args.accelerate_train_mode):
+        p.error("--final-loss goes with --accelerate-train-mode 'fast|loss|VALUE'")
     return args
 
 
@@ -392,10 +438,19 @@ def main(argv=None):
     lr = args.lr / per_example
     graph = build_graph(half, "fp16", args.batch_size, args.hidden, args.seed, args.reduction)
     solver = make_solver(half, "fp16", lr)
+    schedule = None
+    if args.accelerate_train_mode is not None:
+        # The same network under the float context, in the same scope: it shares the
+        # parameters and takes over for the last part of training.
+        schedule = {"mode": args.accelerate_train_mode,
+                    "graph": build_graph(single, "fp16", args.batch_size, args.hidden,
+                                         args.seed, args.reduction),
+                    "final_loss": (None if args.final_loss is None
+                                   else args.final_loss * per_example)}
     t0 = time.perf_counter()
     fp16 = train_fp16(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
                       args.steps, args.scale, args.interval, per_example,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, schedule=schedule)
     t_fp16 = time.perf_counter() - t0
 
     # float run: same initial weights (same seed), same batches, own scope "float".
@@ -430,6 +485,11 @@ def main(argv=None):
                        "last_steps": tail},
         "loss_scale": scale_trajectory(fp16),
         "skipped_steps": skipped_summary(fp16),
+        "precision": {"accelerate_train_mode": args.accelerate_train_mode,
+                      "half_steps": fp16["precision"].count("half"),
+                      "float_steps": fp16["precision"].count("float"),
+                      "switch_step": (fp16["precision"].index("float")
+                                      if "float" in fp16["precision"] else None)},
         "seconds": {"fp16": t_fp16, "float": t_float},  # "total" is added below
         "files": {"plot": plot_path, "summary": summary_path},
     }

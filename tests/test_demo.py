@@ -153,3 +153,26 @@ def test_summaries_of_a_history():
         "changes": [[0, 4.0], [3, 8.0], [4, 4.0]]}
     assert demo.skipped_summary(history) == {
         "total": 2, "warmup": 1, "after_warmup": 1, "first_update_step": 1, "steps": [0, 4]}
+
+
+def test_precision_schedule_flag(tmp_path):
+    summary, stdout = run_demo(tmp_path, "--steps", 40, "--interval", 10,
+                               "--accelerate-train-mode", "fast|step|0.75")
+    assert summary["precision"] == {"accelerate_train_mode": "fast|step|0.75",
+                                    "half_steps": 30, "float_steps": 10, "switch_step": 30}
+    assert "precision schedule 'fast|step|0.75': 30 steps in fp16, 10 in float" in stdout
+    # The float steps keep training the shared parameters: the loss keeps falling.
+    assert summary["accuracy"]["fp16"] > 0.5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--accelerate-train-mode", "fast|step|0.95"],
+     "VALUE for the 'step' trigger must lie in [0.2, 0.9], got 0.95"),
+    (["--accelerate-train-mode", "fast|loss"], "uses the 'loss' trigger: give --final-loss"),
+    (["--final-loss", "0.1"], "--final-loss goes with --accelerate-train-mode"),
+])
+def test_precision_schedule_flag_is_checked(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, str(DEMO), "--out", str(tmp_path), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr
