@@ -153,13 +153,16 @@ def _check_comm(comm):
     return comm
 
 
-def _check_grads(grads) -> Optional[List["nn.NdArray"]]:
+def _check_grads(grads, comm) -> Optional[List["nn.NdArray"]]:
     if grads is None:
         return None
     if not isinstance(grads, (list, tuple)) or not all(isinstance(g, nn.NdArray) for g in grads):
         raise TypeError(f"grads must be None or a list of nnabla.NdArray, got {grads!r}")
     if len(grads) == 0:
-        raise ValueError("grads must not be empty; pass None to exchange the gradients "
+        if comm is None:
+            return None     # nnabla's default, spelled out: nothing to exchange
+        raise ValueError("grads must not be empty when a communicator is given: grads=[] "
+                         "would exchange nothing; pass grads=None to exchange the gradients "
                          "of all the solver's parameters")
     return list(grads)
 
@@ -218,7 +221,7 @@ class _LossScalingUpdater:
         self.weight_decay = (None if weight_decay is None
                              else check.real("weight_decay", weight_decay, ge=0.0))
         self.comm = _check_comm(comm)
-        self.grads = _check_grads(grads)
+        self.grads = _check_grads(grads, self.comm)
         self.detector = OverflowDetector(overflow_mode)
         self.enable_overflow_check = check.boolean("enable_overflow_check",
                                                    enable_overflow_check)
@@ -300,6 +303,9 @@ class _LossScalingUpdater:
                 logger.info(f"nnabla_mpt: precision schedule {schedule.mode.text!r}: "
                             f"{schedule.describe_switch()}")
         watch_loss = schedule is not None and schedule.needs_loss
+        # With accumulation, a non-finite loss in any micro-batch must be seen, so each
+        # micro-batch's loss is read; with one micro-batch it is read on overflow only.
+        read_losses = watch_loss or (self.accum_grad > 1 and self.enable_overflow_check)
         loss_sum = 0.0
         solver = self.solver
         solver.zero_grad()
@@ -307,7 +313,7 @@ class _LossScalingUpdater:
             if self.data_feeder is not None:
                 self.data_feeder()
             loss.forward(clear_no_need_grad=self.clear_buffer)
-            if watch_loss:
+            if read_losses:
                 loss_sum += float(loss.d)
             loss.backward(scale, clear_buffer=self.clear_buffer)
 
@@ -316,7 +322,7 @@ class _LossScalingUpdater:
         loss_nonfinite = False
         if self.comm is not None:
             local = self.enable_overflow_check and self.detector.check(solver)
-            bad_loss = local and not _finite_loss(loss)
+            bad_loss = local and not self._losses_finite(loss, read_losses, loss_sum)
             self._flag.data = np.array([1.0 if local else 0.0, loss_value,
                                         1.0 if bad_loss else 0.0], dtype=np.float32)
             self.comm.all_reduce(self._reduce_list, division=False, inplace=True)
@@ -327,7 +333,7 @@ class _LossScalingUpdater:
             loss_value = loss_total / self.comm.size
         elif self.enable_overflow_check:
             overflow = self.detector.check(solver)
-            loss_nonfinite = overflow and not _finite_loss(loss)   # read on overflow only
+            loss_nonfinite = overflow and not self._losses_finite(loss, read_losses, loss_sum)
         scaled = precision != "float" or schedule is None
         at_floor = scaled and self.policy.at_min_scale
         # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
@@ -352,6 +358,11 @@ class _LossScalingUpdater:
         if overflow:
             self._on_overflow(index, scale, loss, at_floor, loss_nonfinite)
         return result
+
+    @staticmethod
+    def _losses_finite(loss: "nn.Variable", read: bool, loss_sum: float) -> bool:
+        """Whether every micro-batch's loss was finite (called on overflow steps only)."""
+        return math.isfinite(loss_sum) if read else _finite_loss(loss)
 
     def _unscale_factor(self, scale: float) -> float:
         divisor = scale

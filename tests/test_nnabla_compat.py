@@ -128,3 +128,18 @@ def test_retry_mode_reproduces_nnabla_retry_on_overflow():
                 f"{name} after call {i}"
     assert attempts == [1, 1, 2, 1, 3, 1]
     assert (b.steps, b.updates, b.skipped_steps) == (9, 6, 3)
+
+
+def test_explicit_empty_grads_without_communicator_runs_unchanged():
+    """nnabla's default ``grads=[]``, spelled out, means "nothing to exchange" here too."""
+    theirs, ours, s_theirs, s_ours = _pair("Sgd")
+    a = NnablaUpdater(s_theirs, theirs.loss, theirs.feeder, 8.0, 2.0, 5, True, 1, None,
+                      None, [])
+    b = DynamicLossScalingUpdater(s_ours, ours.loss, ours.feeder, 8.0, 2.0, 5, True, 1, None,
+                                  None, [])
+    assert b.grads is None
+    for _ in range(4):
+        a.update()
+        b.update()
+    for name in theirs.params:
+        assert theirs.params[name].d.tobytes() == ours.params[name].d.tobytes(), name

@@ -224,13 +224,7 @@ def test_dynamic_scale_trajectory_with_overflowing_batches():
     assert (updater.overflow_streak, updater.longest_overflow_streak) == (0, 2)
 
 
-@pytest.mark.parametrize("micro", [
-    pytest.param(0, marks=pytest.mark.xfail(
-        strict=True, reason="known: only the last micro-batch's loss is checked for a "
-                            "non-finite value, so an inf loss in an earlier micro-batch is "
-                            "treated as an overflow and lowers the scale")),
-    1,
-])
+@pytest.mark.parametrize("micro", [0, 1])
 def test_non_finite_loss_in_any_micro_batch_keeps_the_scale(micro):
     net = Net()
     net.bad = {micro}                           # an inf in x of one of the two micro-batches
