@@ -40,6 +40,7 @@ _find_py310() {
 }
 
 if ! PY310="$(_find_py310)"; then
+    [ -n "${NNABLA_MPT_PYTHON:-}" ] && exit 1
     cat >&2 <<MSG
 error: Python 3.10 was not found.
 nnabla 1.39.0 publishes wheels for CPython 3.8-3.10 only; this project uses 3.10.
