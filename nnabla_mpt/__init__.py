@@ -17,6 +17,9 @@ _LAZY = {
     "DynamicLossScalingUpdater": "updater",
     "FixedLossScalingUpdater": "updater",
     "StepResult": "updater",
+    "LossScaleCallback": "monitoring",
+    "LossScaleMonitor": "monitoring",
+    "LossScaleStats": "monitoring",
 }
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "FP16_MAX"] + list(_LAZY)

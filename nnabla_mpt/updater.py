@@ -158,6 +158,17 @@ def _check_grads(grads) -> Optional[List["nn.NdArray"]]:
     return list(grads)
 
 
+def _check_monitor(monitor):
+    if monitor is None or callable(monitor):
+        return monitor
+    hint = ""
+    if hasattr(monitor, "save_path"):
+        hint = (" (wrap an nnabla.monitor.Monitor in nnabla_mpt.LossScaleMonitor: "
+                "monitor=LossScaleMonitor(Monitor(path), interval=100))")
+    raise TypeError(f"monitor must be None or a callable taking one StepResult, got "
+                    f"{monitor!r} of type {type(monitor).__name__}{hint}")
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -177,7 +188,8 @@ class _LossScalingUpdater:
     def __init__(self, solver, loss, data_feeder, policy, *, clear_buffer, accum_grad,
                  weight_decay, comm, grads, overflow_mode, enable_overflow_check,
                  clip_grad_norm, max_retries, average_accum, average_ranks,
-                 accelerate_train_mode, total_steps, final_loss, high_precision_loss) -> None:
+                 accelerate_train_mode, total_steps, final_loss, high_precision_loss,
+                 monitor) -> None:
         self._params = _check_solver(solver)
         self.solver = solver
         self.loss = _check_loss(loss)
@@ -203,6 +215,7 @@ class _LossScalingUpdater:
         self.max_retries = check.integer("max_retries", max_retries, ge=0)
         self.average_accum = check.boolean("average_accum", average_accum)
         self.average_ranks = check.boolean("average_ranks", average_ranks)
+        self._monitor = _check_monitor(monitor)
         if self.comm is not None:
             self._reduce_list = list(self.grads if self.grads is not None
                                      else (v.grad for v in self._params.values()))
@@ -228,6 +241,11 @@ class _LossScalingUpdater:
     @scale.setter
     def scale(self, value: float) -> None:
         self.policy.set_loss_scale(value)
+
+    @property
+    def monitor(self) -> Optional[Callable[[StepResult], Any]]:
+        """The step hook given as ``monitor=``, called with every step's result, or None."""
+        return self._monitor
 
     @property
     def precision(self) -> str:
@@ -311,6 +329,8 @@ class _LossScalingUpdater:
         result = StepResult(step=index, skipped=overflow, scale=scale,
                             next_scale=self.scale, attempts=attempts, precision=precision)
         self.last_result = result
+        if self._monitor is not None:
+            self._monitor(result)
         return result
 
     def _unscale_factor(self, scale: float) -> float:
@@ -532,6 +552,9 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
         final_loss: Target loss of the run, for the ``loss`` trigger.
         high_precision_loss: The same network's loss built under the float context, sharing
             the parameters of ``loss``.
+        monitor: A step hook: any callable, called once per step (after the step is
+            complete) with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a
+            :class:`LossScaleCallback`. None (default) costs nothing.
 
     Example:
         >>> import numpy as np, nnabla as nn, nnabla.functions as F
@@ -560,7 +583,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                  average_accum: bool = False, average_ranks: bool = False,
                  accelerate_train_mode: Optional[str] = None,
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
-                 high_precision_loss: Optional["nn.Variable"] = None) -> None:
+                 high_precision_loss: Optional["nn.Variable"] = None,
+                 monitor: Optional[Callable[[StepResult], Any]] = None) -> None:
         policy = _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis,
                                      min_scale, max_scale)
         super().__init__(solver, loss, data_feeder, policy, clear_buffer=clear_buffer,
@@ -570,7 +594,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                          max_retries=max_retries, average_accum=average_accum,
                          average_ranks=average_ranks,
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
-                         final_loss=final_loss, high_precision_loss=high_precision_loss)
+                         final_loss=final_loss, high_precision_loss=high_precision_loss,
+                         monitor=monitor)
 
     @property
     def scaling_factor(self) -> float:
@@ -599,7 +624,7 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
         clear_buffer, accum_grad, weight_decay, comm, grads: as for
             :class:`DynamicLossScalingUpdater`.
         overflow_mode, clip_grad_norm, max_retries, average_accum, average_ranks,
-            accelerate_train_mode, total_steps, final_loss, high_precision_loss: as for
+            accelerate_train_mode, total_steps, final_loss, high_precision_loss, monitor: as for
             :class:`DynamicLossScalingUpdater` (keyword-only).
     """
 
@@ -613,7 +638,8 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                  average_accum: bool = False, average_ranks: bool = False,
                  accelerate_train_mode: Optional[str] = None,
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
-                 high_precision_loss: Optional["nn.Variable"] = None) -> None:
+                 high_precision_loss: Optional["nn.Variable"] = None,
+                 monitor: Optional[Callable[[StepResult], Any]] = None) -> None:
         policy = FixedLossScale(scale)
         enable_overflow_check = check.boolean("enable_overflow_check", enable_overflow_check)
         if max_retries and not enable_overflow_check:
@@ -626,4 +652,5 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                          clip_grad_norm=clip_grad_norm, max_retries=max_retries,
                          average_accum=average_accum, average_ranks=average_ranks,
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
-                         final_loss=final_loss, high_precision_loss=high_precision_loss)
+                         final_loss=final_loss, high_precision_loss=high_precision_loss,
+                         monitor=monitor)

@@ -67,7 +67,8 @@ def test_page_examples_run(page, tmp_path):
                                   f"{proc.stderr[-3000:]}")
 
 
-MODULES = ["nnabla_mpt.policy", "nnabla_mpt.detector", "nnabla_mpt.updater"]
+MODULES = ["nnabla_mpt.policy", "nnabla_mpt.detector", "nnabla_mpt.updater",
+           "nnabla_mpt.monitoring"]
 
 
 @pytest.mark.parametrize("name", MODULES)
