@@ -1,0 +1,121 @@
+"""The summed inf/NaN check used by the updaters on float32 CPU graphs with large arrays."""
+import numpy as np
+import pytest
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla.ext_utils import get_extension_context
+
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt.detector import SUM_CHECK_MIN_SIZE, _SummedInfNanCheck
+
+
+def net(width=128, batch=4):
+    """Two layers: W of 128x128 = 16384 elements (summed), 128x10 and biases (element-wise)."""
+    x = nn.Variable.from_numpy_array(
+        np.random.RandomState(0).randn(batch, width).astype(np.float32))
+    h = F.relu(PF.affine(x, width, name="fc1", rng=np.random.RandomState(1)))
+    loss = F.mean(PF.affine(h, 10, name="fc2", rng=np.random.RandomState(2)) ** 2)
+    solver = S.Sgd(0.01)
+    solver.set_parameters(nn.get_parameters())
+    return solver, loss, x
+
+
+def test_parameter_sizes_cover_both_paths():
+    solver, _, _ = net()
+    sizes = {k: v.size for k, v in solver.get_parameters().items()}
+    assert sizes["fc1/affine/W"] >= SUM_CHECK_MIN_SIZE
+    assert all(s < SUM_CHECK_MIN_SIZE for k, s in sizes.items() if k != "fc1/affine/W")
+
+
+CASES = {
+    "clean": [],
+    "inf in large": [("fc1/affine/W", (3, 7), np.inf)],
+    "-inf in large": [("fc1/affine/W", (127, 127), -np.inf)],
+    "nan in large": [("fc1/affine/W", (0, 0), np.nan)],
+    "inf and -inf in large": [("fc1/affine/W", (1, 1), np.inf),
+                              ("fc1/affine/W", (2, 2), -np.inf)],
+    "inf in small": [("fc2/affine/W", (5, 3), np.inf)],
+    "nan in small bias": [("fc1/affine/b", (9,), np.nan)],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_summed_check_agrees_with_the_solver(case):
+    solver, loss, _ = net()
+    params = solver.get_parameters()
+    check = _SummedInfNanCheck(params)
+    for step in range(3):            # the same graph, re-run over fresh gradients
+        solver.zero_grad()
+        loss.forward()
+        loss.backward(8.0)
+        for name, index, value in CASES[case]:
+            g = params[name].g
+            g[index] = value
+            params[name].g = g
+        expected = bool(CASES[case])
+        assert bool(solver.check_inf_or_nan_grad()) is expected
+        assert check() is expected
+
+
+def test_float32_sum_overflow_counts_as_overflow():
+    # The one documented difference: finite gradients whose float32 sum overflows.
+    solver, _, _ = net()
+    params = solver.get_parameters()
+    check = _SummedInfNanCheck(params)
+    for v in params.values():
+        v.g = np.zeros(v.shape, dtype=np.float32)
+    params["fc1/affine/W"].g = np.full((128, 128), 3e38, dtype=np.float32)
+    assert not solver.check_inf_or_nan_grad()
+    assert check() is True
+
+
+def test_replaced_gradient_array_is_followed():
+    solver, _, _ = net()
+    params = solver.get_parameters()
+    check = _SummedInfNanCheck(params)
+    for v in params.values():
+        v.g = np.zeros(v.shape, dtype=np.float32)
+    assert check() is False
+    bad = np.zeros((128, 128), dtype=np.float32)
+    bad[4, 4] = np.nan
+    params["fc1/affine/W"].grad = nn.NdArray.from_numpy_array(bad)
+    assert check() is True
+
+
+def test_float_updater_uses_it_and_skips_the_bad_step():
+    solver, loss, x = net()
+    batches = np.random.RandomState(3).randn(8, 4, 128).astype(np.float32)
+    batches[5, 2, 17] = np.inf
+    fed = iter(batches)
+
+    def feed():
+        x.d = next(fed)
+
+    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=8.0, N=100)
+    assert isinstance(updater._check_overflow, _SummedInfNanCheck)
+    params = solver.get_parameters()
+    before = None
+    skipped = []
+    for step in range(8):
+        if step == 5:
+            before = {k: v.d.copy() for k, v in params.items()}
+        skipped.append(updater.update().skipped)
+        if step == 5:
+            for k, v in params.items():
+                np.testing.assert_array_equal(v.d, before[k])
+    assert skipped == [False] * 5 + [True] + [False] * 2
+    assert updater.scale == 4.0
+
+
+@pytest.mark.parametrize("kind", ["half", "saturation", "small"])
+def test_other_graphs_use_the_detector(kind):
+    if kind == "half":
+        nn.set_default_context(get_extension_context("cpu", type_config="half"))
+    solver, loss, _ = net(width=16 if kind == "small" else 128)
+    mode = "saturation" if kind == "saturation" else "inf_nan"
+    updater = FixedLossScalingUpdater(solver, loss, scale=8.0, overflow_mode=mode)
+    assert not isinstance(updater._check_overflow, _SummedInfNanCheck)
+    assert updater.update().skipped is False
