@@ -19,9 +19,9 @@ def real(name: str, value: Any, *, gt: Optional[float] = None, ge: Optional[floa
     if not _is_real(value):
         raise TypeError(f"{name} must be a real number, got {value!r} "
                         f"of type {type(value).__name__}")
-    value = float(value)
+    received, value = value, float(value)
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise ValueError(f"{name} must be finite, got {received!r}")
     bounds = []
     if gt is not None:
         bounds.append(f"> {gt:g}")
@@ -33,7 +33,7 @@ def real(name: str, value: Any, *, gt: Optional[float] = None, ge: Optional[floa
         bounds.append(f"<= {le:g}")
     if ((gt is not None and not value > gt) or (ge is not None and not value >= ge)
             or (lt is not None and not value < lt) or (le is not None and not value <= le)):
-        raise ValueError(f"{name} must be {' and '.join(bounds)}, got {value!r}")
+        raise ValueError(f"{name} must be {' and '.join(bounds)}, got {received!r}")
     return value
 
 

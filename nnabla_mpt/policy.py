@@ -70,11 +70,11 @@ class DynamicLossScale:
         if self.min_scale > self.max_scale:
             raise ValueError(f"min_scale must be <= max_scale, got min_scale={min_scale!r} "
                              f"and max_scale={max_scale!r}")
-        init_scale = check.real("init_scale", init_scale, gt=0.0)
-        if not self.min_scale <= init_scale <= self.max_scale:
+        scale = check.real("init_scale", init_scale, gt=0.0)
+        if not self.min_scale <= scale <= self.max_scale:
             raise ValueError(f"init_scale must lie in [min_scale, max_scale] = "
                              f"[{self.min_scale:g}, {self.max_scale:g}], got {init_scale!r}")
-        self._scale = init_scale
+        self._scale = scale
         self._good_steps = 0
         self._hysteresis_left = self.hysteresis
 
@@ -89,11 +89,11 @@ class DynamicLossScale:
 
     def set_loss_scale(self, scale: float) -> None:
         """Sets the scale, checked against the bounds; restarts the growth count."""
-        scale = check.real("scale", scale, gt=0.0)
-        if not self.min_scale <= scale <= self.max_scale:
+        value = check.real("scale", scale, gt=0.0)
+        if not self.min_scale <= value <= self.max_scale:
             raise ValueError(f"scale must lie in [min_scale, max_scale] = "
                              f"[{self.min_scale:g}, {self.max_scale:g}], got {scale!r}")
-        self._scale = scale
+        self._scale = value
         self._good_steps = 0
 
     @property

@@ -3,12 +3,15 @@
 Both updaters run the same loop (:class:`_LossScalingUpdater`); they differ only in the
 policy that sets the scale.
 """
+import copy
 import json
+import logging
 import math
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -16,6 +19,7 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from . import _validate as check
+from . import diagnosis
 from .detector import SUM_CHECK_MIN_SIZE, OverflowDetector, OverflowMode, _SummedInfNanCheck
 from .policy import DynamicLossScale, FixedLossScale
 from .precision import PrecisionSchedule
@@ -23,6 +27,8 @@ from .precision import PrecisionSchedule
 _UPDATER_STATE_VERSION = 1
 _CHECKPOINT_FORMAT = "nnabla_mpt.checkpoint"
 _CHECKPOINT_VERSION = 1
+
+FloorPolicy = Literal["raise", "warn", "ignore"]
 
 
 @dataclass(frozen=True)
@@ -147,13 +153,16 @@ def _check_comm(comm):
     return comm
 
 
-def _check_grads(grads) -> Optional[List["nn.NdArray"]]:
+def _check_grads(grads, comm) -> Optional[List["nn.NdArray"]]:
     if grads is None:
         return None
     if not isinstance(grads, (list, tuple)) or not all(isinstance(g, nn.NdArray) for g in grads):
         raise TypeError(f"grads must be None or a list of nnabla.NdArray, got {grads!r}")
     if len(grads) == 0:
-        raise ValueError("grads must not be empty; pass None to exchange the gradients "
+        if comm is None:
+            return None     # nnabla's default, spelled out: nothing to exchange
+        raise ValueError("grads must not be empty when a communicator is given: grads=[] "
+                         "would exchange nothing; pass grads=None to exchange the gradients "
                          "of all the solver's parameters")
     return list(grads)
 
@@ -169,6 +178,10 @@ def _check_monitor(monitor):
                     f"{monitor!r} of type {type(monitor).__name__}{hint}")
 
 
+def _finite_loss(loss: "nn.Variable") -> bool:
+    return bool(np.isfinite(loss.d).all())
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -182,6 +195,19 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
+    """Writes ``arrays`` to the binary file ``f`` as an ``.npz`` archive (``np.load`` reads it).
+
+    Unlike ``np.savez``, the archive is closed even when a write fails, so a failed save
+    leaves nothing half-open behind to fail again when it is garbage-collected.
+    """
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED,
+                         allowZip64=True) as archive:
+        for key, value in arrays.items():
+            with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
+
 class _LossScalingUpdater:
     """The training step shared by every updater; see the subclasses."""
 
@@ -189,7 +215,7 @@ class _LossScalingUpdater:
                  weight_decay, comm, grads, overflow_mode, enable_overflow_check,
                  clip_grad_norm, max_retries, average_accum, average_ranks,
                  accelerate_train_mode, total_steps, final_loss, high_precision_loss,
-                 monitor) -> None:
+                 floor_policy, diagnose_after, monitor) -> None:
         self._params = _check_solver(solver)
         self.solver = solver
         self.loss = _check_loss(loss)
@@ -206,7 +232,7 @@ class _LossScalingUpdater:
         self.weight_decay = (None if weight_decay is None
                              else check.real("weight_decay", weight_decay, ge=0.0))
         self.comm = _check_comm(comm)
-        self.grads = _check_grads(grads)
+        self.grads = _check_grads(grads, self.comm)
         self.detector = OverflowDetector(overflow_mode)
         self.enable_overflow_check = check.boolean("enable_overflow_check",
                                                    enable_overflow_check)
@@ -220,8 +246,9 @@ class _LossScalingUpdater:
         if self.comm is not None:
             self._reduce_list = list(self.grads if self.grads is not None
                                      else (v.grad for v in self._params.values()))
-            # [overflow flag, loss] travel in the gradients' buffer: one collective a step.
-            self._flag = nn.NdArray((2,))
+            # [overflow flag, loss, non-finite loss flag] travel in the gradients' buffer:
+            # one collective a step.
+            self._flag = nn.NdArray((3,))
             self._reduce_list.append(self._flag)
         self.steps = 0
         self.updates = 0
@@ -229,6 +256,12 @@ class _LossScalingUpdater:
         self.overflow_streak = 0
         self.longest_overflow_streak = 0
         self.last_result: Optional[StepResult] = None
+        self.floor_policy = check.choice("floor_policy", floor_policy,
+                                         ("raise", "warn", "ignore"))
+        self.diagnose_after = check.integer("diagnose_after", diagnose_after, ge=1)
+        self.last_report: Optional[diagnosis.OverflowReport] = None
+        # A streak is diagnosed once by its length, and reported (raise/warn) at most once.
+        self._streak_diagnosed = self._streak_reported = False
 
     # -- the scale ---------------------------------------------------------------------
     @property
@@ -288,6 +321,9 @@ class _LossScalingUpdater:
                 logger.info(f"nnabla_mpt: precision schedule {schedule.mode.text!r}: "
                             f"{schedule.describe_switch()}")
         watch_loss = schedule is not None and schedule.needs_loss
+        # With accumulation, a non-finite loss in any micro-batch must be seen, so each
+        # micro-batch's loss is read; with one micro-batch it is read on overflow only.
+        read_losses = watch_loss or (self.accum_grad > 1 and self.enable_overflow_check)
         loss_sum = 0.0
         solver = self.solver
         solver.zero_grad()
@@ -295,23 +331,31 @@ class _LossScalingUpdater:
             if self.data_feeder is not None:
                 self.data_feeder()
             loss.forward(clear_no_need_grad=self.clear_buffer)
-            if watch_loss:
+            if read_losses:
                 loss_sum += float(loss.d)
             loss.backward(scale, clear_buffer=self.clear_buffer)
 
         overflow = False
         loss_value = loss_sum / self.accum_grad
+        loss_nonfinite = False
         if self.comm is not None:
             local = self.enable_overflow_check and self.detector.check(solver)
-            self._flag.data = np.array([1.0 if local else 0.0, loss_value], dtype=np.float32)
+            bad_loss = local and not self._losses_finite(loss, read_losses, loss_sum)
+            self._flag.data = np.array([1.0 if local else 0.0, loss_value,
+                                        1.0 if bad_loss else 0.0], dtype=np.float32)
             self.comm.all_reduce(self._reduce_list, division=False, inplace=True)
-            flag, loss_total = (float(x) for x in self._flag.data)
+            flag, loss_total, bad_losses = (float(x) for x in self._flag.data)
             # Every rank decides on the same reduced values, so all take the same branch.
             overflow = self.enable_overflow_check and (flag > 0.0 or self.detector.check(solver))
+            loss_nonfinite = overflow and bad_losses > 0.0
             loss_value = loss_total / self.comm.size
         elif self.enable_overflow_check:
             overflow = self._check_overflow()
-        if precision != "float" or schedule is None:
+            loss_nonfinite = overflow and not self._losses_finite(loss, read_losses, loss_sum)
+        scaled = precision != "float" or schedule is None
+        at_floor = scaled and self.policy.at_min_scale
+        # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
+        if scaled and not loss_nonfinite:
             self.policy.update(overflow)
 
         self.steps += 1
@@ -320,7 +364,6 @@ class _LossScalingUpdater:
             self.overflow_streak += 1
             self.longest_overflow_streak = max(self.longest_overflow_streak,
                                                self.overflow_streak)
-            self._on_overflow(index, scale)
         else:
             self.overflow_streak = 0
             self._apply(scale)
@@ -332,7 +375,14 @@ class _LossScalingUpdater:
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
+        if overflow:
+            self._on_overflow(index, scale, loss, at_floor, loss_nonfinite)
         return result
+
+    @staticmethod
+    def _losses_finite(loss: "nn.Variable", read: bool, loss_sum: float) -> bool:
+        """Whether every micro-batch's loss was finite (called on overflow steps only)."""
+        return math.isfinite(loss_sum) if read else _finite_loss(loss)
 
     def _make_overflow_check(self) -> Callable[[], bool]:
         """The overflow check of a step without communicator.
@@ -376,9 +426,46 @@ class _LossScalingUpdater:
             self.solver.weight_decay(self.weight_decay)
         self.solver.update()
 
-    def _on_overflow(self, index: int, scale: float) -> None:
-        logger.debug(f"nnabla_mpt: step {index} skipped (gradient overflow); loss scale "
-                     f"{scale:g} -> {self.policy.get_loss_scale():g}")
+    def _on_overflow(self, index: int, scale: float, loss: "nn.Variable", at_floor: bool,
+                     loss_nonfinite: bool) -> None:
+        """After a skipped step: log it; on a collapse, diagnose and act by floor_policy."""
+        if logger.isEnabledFor(logging.DEBUG):
+            bad = len(self.detector.nonfinite_params(self._params))
+            what = "non-finite" if self.detector.mode == "inf_nan" else "saturated"
+            logger.debug(f"nnabla_mpt: step {index} skipped: {bad} of {len(self._params)} "
+                         f"parameter gradients {what}; loss scale {scale:g} -> "
+                         f"{self.scale:g}" + (" (kept: the loss itself is non-finite)"
+                                              if loss_nonfinite else ""))
+        if self.overflow_streak == 1:
+            self._streak_diagnosed = self._streak_reported = False
+        if self.floor_policy == "ignore" or self._streak_reported:
+            return
+        if at_floor:
+            reason = f"overflow at the minimum loss scale {scale:g}"
+        elif self.overflow_streak >= self.diagnose_after and not self._streak_diagnosed:
+            reason = f"{self.overflow_streak} consecutive overflowing steps"
+        else:
+            return
+        self._streak_diagnosed = True
+        report = diagnosis.diagnose(loss, scale, self._params)
+        if loss_nonfinite:
+            report.notes.append(
+                f"step {index} had a non-finite loss: the updater skipped it without "
+                "lowering the loss scale.")
+        self.last_report = report
+        if (report.kind == "overflow" and isinstance(self.policy, DynamicLossScale)
+                and not self.policy.at_min_scale):
+            # Pure overflow while the scale can still back off: the policy is doing its
+            # job (e.g. an initial scale far too high); the floor will call again if not.
+            logger.info(f"nnabla_mpt: {reason}: the gradients overflow only because of the "
+                        f"scale ({report.function} in backward); it keeps backing off, now "
+                        f"{self.scale:g}")
+            return
+        self._streak_reported = True
+        if self.floor_policy == "raise":
+            raise diagnosis.LossScaleCollapseError(report, reason)
+        logger.warning(f"nnabla_mpt: loss scale collapse ({reason}); training goes on "
+                       f"skipping these steps (floor_policy='warn').\n{report}")
 
     # -- state -------------------------------------------------------------------------
     _COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
@@ -404,6 +491,15 @@ class _LossScalingUpdater:
             ValueError: keys are missing or unknown (the message lists them), the version
                 or the updater type differs, or a value is out of range.
         """
+        counters = self._check_state(state)
+        self.policy.load_state_dict(state["policy"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["precision"])
+        for name, value in counters.items():
+            setattr(self, name, value)
+
+    def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
+        """Checks ``state`` completely, without changing anything; returns the counters."""
         check.exact_keys("state", state,
                          ("version", "updater", "policy", "precision") + self._COUNTERS)
         check.version("state", state, _UPDATER_STATE_VERSION)
@@ -413,13 +509,13 @@ class _LossScalingUpdater:
         counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
                     for name in self._COUNTERS}
         if (state["precision"] is None) != (self.schedule is None):
+            mine = None if self.schedule is None else self.schedule.mode.text
             raise ValueError(f"state has precision schedule {state['precision']!r} but this "
-                             f"updater has {None if self.schedule is None else self.schedule.mode.text!r}")
-        self.policy.load_state_dict(state["policy"])
+                             f"updater has {mine!r}")
+        copy.copy(self.policy).load_state_dict(state["policy"])
         if self.schedule is not None:
-            self.schedule.load_state_dict(state["precision"])
-        for name, value in counters.items():
-            setattr(self, name, value)
+            copy.copy(self.schedule).load_state_dict(state["precision"])
+        return counters
 
     def save_checkpoint(self, path: str) -> None:
         """Writes parameters, solver states and updater state to ``path`` atomically.
@@ -446,7 +542,7 @@ class _LossScalingUpdater:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
+                _write_npz(f, arrays)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -462,10 +558,12 @@ class _LossScalingUpdater:
         Everything is read and checked before anything is changed.
 
         Raises:
-            ValueError: the file is not a checkpoint of this format, or its parameters do
-                not match the solver's (the message lists the names).
+            ValueError: the file is not a checkpoint of this format, or its parameters,
+                solver states or updater state do not match this updater (the message lists
+                the names). Nothing is changed then.
         """
-        with np.load(os.fspath(path), allow_pickle=False) as archive:
+        path = os.fspath(path)
+        with np.load(path, allow_pickle=False) as archive:
             if "meta" not in archive.files:
                 raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint (no metadata)")
             meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
@@ -476,50 +574,48 @@ class _LossScalingUpdater:
                              f"version={meta.get('version')!r}")
         check.exact_keys(f"parameters in {path!r}", {k: None for k in meta["params"]},
                          self._params)
-        for name, v in self._params.items():
-            saved = data[f"param/{name}"]
-            if tuple(saved.shape) != tuple(v.shape):
-                raise ValueError(f"parameter {name!r} in {path!r} has shape {saved.shape}, "
-                                 f"the solver's has {tuple(v.shape)}")
+        shapes = [(f"param/{name}", v.shape) for name, v in self._params.items()]
         states = self.solver.get_states()
         check.exact_keys(f"solver states in {path!r}", meta["solver"], states)
-
-        # Validate the updater state on a scratch policy before touching anything.
-        probe = type(self.policy).__new__(type(self.policy))
-        probe.__dict__.update(self.policy.__dict__)
-        probe.load_state_dict(meta["updater"]["policy"])
+        for name, st in states.items():
+            check.exact_keys(f"solver state {name!r} in {path!r}",
+                             {k: None for k in meta["solver"][name]["keys"]}, st.pstate)
+            shapes += [(f"solver/{name}/{key}", var.shape) for key, var in st.pstate.items()]
+        wrong = [f"{key}: {tuple(data[key].shape)} in the file, {tuple(shape)} here"
+                 for key, shape in shapes if tuple(data[key].shape) != tuple(shape)]
+        if wrong:
+            raise ValueError(f"arrays in {path!r} do not match the solver's shapes: "
+                             f"{'; '.join(wrong)}")
+        self._check_state(meta["updater"])
 
         for name, v in self._params.items():
             v.d = data[f"param/{name}"]
         for name, st in states.items():
-            saved = meta["solver"][name]
-            check.exact_keys(f"solver state {name!r} in {path!r}",
-                             {k: None for k in saved["keys"]}, st.pstate)
             for key, var in st.pstate.items():
                 var.d = data[f"solver/{name}/{key}"]
-            st.t = saved["t"]
+            st.t = meta["solver"][name]["t"]
         self.solver.set_states(states)
         self.load_state_dict(meta["updater"])
 
 
 def _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis, min_scale,
                         max_scale) -> DynamicLossScale:
-    scale = check.real("scale", scale, gt=0.0)
-    scaling_factor = check.real("scaling_factor", scaling_factor, gt=1.0)
+    init_scale = check.real("scale", scale, gt=0.0)
+    growth = check.real("scaling_factor", scaling_factor, gt=1.0)
     N = check.integer("N", N, ge=1)
     if backoff_factor is None:
-        backoff_factor = 1.0 / scaling_factor
-    min_scale = check.real("min_scale", min_scale, gt=0.0)
-    max_scale = check.real("max_scale", max_scale, gt=0.0)
-    if min_scale > max_scale:
+        backoff_factor = 1.0 / growth
+    lo = check.real("min_scale", min_scale, gt=0.0)
+    hi = check.real("max_scale", max_scale, gt=0.0)
+    if lo > hi:
         raise ValueError(f"min_scale must be <= max_scale, got min_scale={min_scale!r} and "
                          f"max_scale={max_scale!r}")
-    if not min_scale <= scale <= max_scale:
-        raise ValueError(f"scale must lie in [min_scale, max_scale] = [{min_scale:g}, "
-                         f"{max_scale:g}], got scale={scale!r}")
-    return DynamicLossScale(init_scale=scale, growth_factor=scaling_factor,
+    if not lo <= init_scale <= hi:
+        raise ValueError(f"scale must lie in [min_scale, max_scale] = [{lo:g}, {hi:g}], "
+                         f"got scale={scale!r}")
+    return DynamicLossScale(init_scale=init_scale, growth_factor=growth,
                             backoff_factor=backoff_factor, growth_interval=N,
-                            hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale)
+                            hysteresis=hysteresis, min_scale=lo, max_scale=hi)
 
 
 class DynamicLossScalingUpdater(_LossScalingUpdater):
@@ -568,9 +664,28 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
         final_loss: Target loss of the run, for the ``loss`` trigger.
         high_precision_loss: The same network's loss built under the float context, sharing
             the parameters of ``loss``.
+        floor_policy: What to do when the loss scale collapses, i.e. when the overflow
+            streak reaches ``diagnose_after`` or a step overflows at ``min_scale``: the
+            updater replays the last batch with :func:`nnabla_mpt.diagnosis.diagnose` and
+            ``"raise"`` (default) raises
+            :class:`~nnabla_mpt.diagnosis.LossScaleCollapseError` carrying the report;
+            ``"warn"`` logs the report once (``logger.warning``) and keeps skipping;
+            ``"ignore"`` does neither (and runs no diagnosis). The report is kept in
+            :attr:`last_report`. A streak is reported at most once. A streak whose report
+            says ``kind="overflow"`` (the batch is finite at a smaller scale) while the
+            scale can still back off is no collapse: it is logged at info level and
+            training goes on; if the scale then reaches ``min_scale`` the floor triggers.
+            A step whose loss itself is non-finite is skipped and counted without
+            lowering the scale (the policy is not updated for it).
+        diagnose_after: Consecutive overflowing steps that trigger the diagnosis (>= 1).
+            A single overflow is only skipped and counted.
         monitor: A step hook: any callable, called once per step (after the step is
             complete) with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a
             :class:`LossScaleCallback`. None (default) costs nothing.
+
+    Attributes:
+        last_report: The :class:`~nnabla_mpt.diagnosis.OverflowReport` of the last
+            diagnosis, or None.
 
     Example:
         >>> import numpy as np, nnabla as nn, nnabla.functions as F
@@ -600,6 +715,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                  accelerate_train_mode: Optional[str] = None,
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
                  high_precision_loss: Optional["nn.Variable"] = None,
+                 floor_policy: FloorPolicy = "raise", diagnose_after: int = 8,
                  monitor: Optional[Callable[[StepResult], Any]] = None) -> None:
         policy = _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis,
                                      min_scale, max_scale)
@@ -611,6 +727,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                          average_ranks=average_ranks,
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
                          final_loss=final_loss, high_precision_loss=high_precision_loss,
+                         floor_policy=floor_policy, diagnose_after=diagnose_after,
                          monitor=monitor)
 
     @property
@@ -637,11 +754,16 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
         data_feeder: Called with no arguments before every forward, or None.
         scale: The loss scale; ``>= 1``.
         enable_overflow_check: Skip steps whose gradients overflowed.
-        clear_buffer, accum_grad, weight_decay, comm, grads: as for
-            :class:`DynamicLossScalingUpdater`.
-        overflow_mode, clip_grad_norm, max_retries, average_accum, average_ranks,
-            accelerate_train_mode, total_steps, final_loss, high_precision_loss, monitor: as for
-            :class:`DynamicLossScalingUpdater` (keyword-only).
+        clear_buffer: As for :class:`DynamicLossScalingUpdater`.
+        accum_grad: As for :class:`DynamicLossScalingUpdater`.
+        weight_decay: As for :class:`DynamicLossScalingUpdater`.
+        comm: As for :class:`DynamicLossScalingUpdater`.
+        grads: As for :class:`DynamicLossScalingUpdater`.
+        **options: The keyword-only options of :class:`DynamicLossScalingUpdater` that do not
+            concern a dynamic scale: ``overflow_mode``, ``clip_grad_norm``, ``max_retries``,
+            ``average_accum``, ``average_ranks``, ``accelerate_train_mode``, ``total_steps``,
+            ``final_loss``, ``high_precision_loss``, ``monitor``, ``floor_policy``,
+            ``diagnose_after`` (a fixed scale has no floor: only the overflow streak triggers the diagnosis).
     """
 
     def __init__(self, solver, loss, data_feeder: Optional[Callable[[], Any]] = None,
@@ -655,6 +777,7 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                  accelerate_train_mode: Optional[str] = None,
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
                  high_precision_loss: Optional["nn.Variable"] = None,
+                 floor_policy: FloorPolicy = "raise", diagnose_after: int = 8,
                  monitor: Optional[Callable[[StepResult], Any]] = None) -> None:
         policy = FixedLossScale(scale)
         enable_overflow_check = check.boolean("enable_overflow_check", enable_overflow_check)
@@ -669,4 +792,5 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                          average_accum=average_accum, average_ranks=average_ranks,
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
                          final_loss=final_loss, high_precision_loss=high_precision_loss,
+                         floor_policy=floor_policy, diagnose_after=diagnose_after,
                          monitor=monitor)

@@ -1,14 +1,24 @@
+"""Shared fixtures: every test starts and ends with a clean nnabla global state."""
+import sys
+
 import pytest
 
-import nnabla as nn
-from nnabla.ext_utils import get_extension_context
+
+def _reset_nnabla() -> None:
+    # Only touch nnabla when some test has loaded it: the pure policy tests never need it.
+    if "nnabla" not in sys.modules:
+        return
+    import nnabla as nn
+    from nnabla.ext_utils import get_extension_context
+
+    nn.clear_parameters()
+    nn.set_default_context(get_extension_context("cpu", type_config="float"))
+    nn.set_auto_forward(False)
 
 
 @pytest.fixture(autouse=True)
 def fresh_nnabla():
-    """Each test starts with no parameters and the float context."""
-    nn.clear_parameters()
-    nn.set_default_context(get_extension_context("cpu", type_config="float"))
+    """Each test starts with no parameters, the float context and auto-forward off."""
+    _reset_nnabla()
     yield
-    nn.clear_parameters()
-    nn.set_default_context(get_extension_context("cpu", type_config="float"))
+    _reset_nnabla()

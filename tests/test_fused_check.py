@@ -86,15 +86,18 @@ def test_replaced_gradient_array_is_followed():
 
 
 def test_float_updater_uses_it_and_skips_the_bad_step():
+    # A float32 overflow with a finite loss: scale 2**100, and at step 5 a batch 1e9 times
+    # larger, whose gradients (about 1e47 before unscaling) overflow to inf.
     solver, loss, x = net()
     batches = np.random.RandomState(3).randn(8, 4, 128).astype(np.float32)
-    batches[5, 2, 17] = np.inf
+    batches[5] *= 1e9
     fed = iter(batches)
 
     def feed():
         x.d = next(fed)
 
-    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=8.0, N=100)
+    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 100, N=100,
+                                        max_scale=2.0 ** 110)
     assert isinstance(updater._check_overflow, _SummedInfNanCheck)
     params = solver.get_parameters()
     before = None
@@ -107,7 +110,7 @@ def test_float_updater_uses_it_and_skips_the_bad_step():
             for k, v in params.items():
                 np.testing.assert_array_equal(v.d, before[k])
     assert skipped == [False] * 5 + [True] + [False] * 2
-    assert updater.scale == 4.0
+    assert updater.scale == 2.0 ** 99
 
 
 @pytest.mark.parametrize("kind", ["half", "saturation", "small"])

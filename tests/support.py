@@ -1,0 +1,162 @@
+"""Small real nnabla networks and data for the tests.
+
+Every network is tiny on purpose: float16 arithmetic on the CPU is slow. Parameters and
+batches come from fixed seeds, so two networks built with the same arguments start from the
+same parameters and see the same data.
+"""
+from typing import Dict, Optional
+
+import numpy as np
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla.ext_utils import get_extension_context
+
+
+def context(type_config: str = "float"):
+    return get_extension_context("cpu", type_config=type_config)
+
+
+class Net:
+    """``x -> [tanh(affine)] -> affine -> mean squared error against t``.
+
+    Without ``hidden`` the model is linear, ``y = x W + b``, and its gradients are known in
+    closed form (:func:`linear_mse_grads`).
+
+    Args:
+        type_config: ``"float"`` or ``"half"``; the graph and solvers use this context.
+        scope: Parameter scope; parameter names are given relative to it.
+
+    Batches can be made special by their index (the feeder's call count):
+
+    * ``net.bad``: an inf in ``x``, so the loss itself is not finite.
+    * ``net.huge``: ``x * 1e3``. In float32 the loss stays finite while the scaled gradients
+      exceed 65504 (an overflow in saturation mode); in float16 the loss overflows.
+    * ``net.large``: ``x * 20``. For the linear float16 network the loss stays finite and
+      the gradients overflow at a scale of 2048 (ordinary batches do not).
+    """
+
+    def __init__(self, type_config: str = "float", *, batch: int = 4, d_in: int = 3,
+                 hidden: Optional[int] = None, d_out: int = 2, seed: int = 0,
+                 scope: str = "net", data_seed: int = 1000) -> None:
+        self.ctx = context(type_config)
+        self.data_seed = data_seed
+        with nn.context_scope(self.ctx), nn.parameter_scope(scope):
+            self.x = nn.Variable((batch, d_in))
+            self.t = nn.Variable((batch, d_out))
+            h = self.x
+            if hidden:
+                h = F.tanh(PF.affine(h, hidden, name="hidden"))
+            self.y = PF.affine(h, d_out, name="out")
+            self.loss = F.mean(F.squared_error(self.y, self.t))
+            self.params = nn.get_parameters(grad_only=False)
+        rng = np.random.RandomState(seed)
+        for v in self.params.values():
+            v.d = rng.uniform(-0.5, 0.5, v.shape).astype(np.float32)
+        self.calls = 0          # how many batches the feeder has loaded
+        self.bad = set()
+        self.huge = set()
+        self.large = set()
+
+    def batch(self, index: int):
+        """The batch number ``index`` as float32 arrays ``(x, t)``."""
+        rng = np.random.RandomState(self.data_seed + index)
+        x = rng.randn(*self.x.shape).astype(np.float32)
+        t = rng.randn(*self.t.shape).astype(np.float32)
+        if index in self.huge:
+            x = x * np.float32(1e3)
+        if index in self.large:
+            x = x * np.float32(20.0)
+        if index in self.bad:
+            x[0, 0] = np.inf
+        return x, t
+
+    def feed(self, index: int) -> None:
+        self.x.d, self.t.d = self.batch(index)
+
+    def feeder(self) -> None:
+        """A data feeder as the updaters call it: loads the next batch."""
+        self.feed(self.calls)
+        self.calls += 1
+
+    def solver(self, kind: str = "Sgd", **kwargs):
+        with nn.context_scope(self.ctx):
+            solver = getattr(S, kind)(**kwargs)
+        solver.set_parameters(self.params)
+        return solver
+
+    def snapshot(self) -> Dict[str, np.ndarray]:
+        return {name: np.array(v.d, copy=True) for name, v in self.params.items()}
+
+
+def solver_states(solver) -> Dict[str, tuple]:
+    """``name -> (t, {key: array copy})`` of the solver's states."""
+    return {name: (int(st.t), {key: np.array(var.d, copy=True)
+                               for key, var in st.pstate.items()})
+            for name, st in solver.get_states().items()}
+
+
+def assert_bitwise_equal(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        # Compare the bytes so that NaN payloads and -0.0 count too.
+        assert x.tobytes() == y.tobytes(), f"{name} differs: {x} vs {y}"
+
+
+def assert_states_bitwise_equal(a, b) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name][0] == b[name][0], f"t of {name}: {a[name][0]} vs {b[name][0]}"
+        assert_bitwise_equal(a[name][1], b[name][1])
+
+
+def linear_mse_grads(W: np.ndarray, b: np.ndarray, x: np.ndarray, t: np.ndarray):
+    """Gradients of ``mean((x W + b - t) ** 2)`` with respect to ``W`` and ``b``."""
+    x, t = x.astype(np.float64), t.astype(np.float64)
+    y = x @ W + b
+    dy = 2.0 * (y - t) / y.size
+    return x.T @ dy, dy.sum(axis=0)
+
+
+# -- the resume case, shared by test_state_checkpoint.py and workers/resume_worker.py -------
+
+RESUME_ACCUM = 2
+
+
+def resume_setup(scope: str = "net"):
+    """A float16 run with Adam and a dynamic scale that overflows now and then.
+
+    The feeder loads batches by step index (``updater.steps``), so a run resumed from a
+    checkpoint in another process sees exactly the batches the uninterrupted run saw.
+
+    Returns:
+        (net, solver, updater)
+    """
+    from nnabla_mpt import DynamicLossScalingUpdater
+
+    net = Net("half", hidden=4, scope=scope)
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = None
+
+    def feeder():
+        micro = net.calls % RESUME_ACCUM
+        net.feed(updater.steps * RESUME_ACCUM + micro)
+        net.calls += 1
+
+    updater = DynamicLossScalingUpdater(solver, net.loss, feeder, scale=2.0 ** 18, N=3,
+                                        accum_grad=RESUME_ACCUM, weight_decay=1e-3,
+                                        hysteresis=2)
+    return net, solver, updater
+
+
+def run_steps(updater, steps: int):
+    """Runs ``steps`` updates; returns ``[(step, skipped, scale, next_scale), ...]``."""
+    out = []
+    for _ in range(steps):
+        r = updater.update()
+        out.append((r.step, r.skipped, r.scale, r.next_scale))
+    return out

@@ -1,0 +1,245 @@
+"""Every bad input raises TypeError/ValueError naming the argument and the value received."""
+import ast
+import pathlib
+
+import numpy as np
+import pytest
+
+import nnabla as nn
+import nnabla.solvers as S
+
+import nnabla_mpt
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScale,
+                        FixedLossScalingUpdater, OverflowDetector)
+from support import Net
+
+PACKAGE_DIR = pathlib.Path(nnabla_mpt.__file__).parent
+
+
+@pytest.fixture
+def net():
+    return Net()
+
+
+# (keyword arguments, exception, regex naming the argument and the value)
+DYNAMIC_CASES = [
+    (dict(scale=0), ValueError, r"^scale must be > 0, got 0$"),
+    (dict(scale=-1.5), ValueError, r"^scale must be > 0, got -1\.5$"),
+    (dict(scale=float("nan")), ValueError, r"^scale must be finite, got nan$"),
+    (dict(scale=float("inf")), ValueError, r"^scale must be finite, got inf$"),
+    (dict(scale=True), TypeError, r"^scale must be a real number, got True of type bool$"),
+    (dict(scale="8"), TypeError, r"^scale must be a real number, got '8' of type str$"),
+    (dict(scale=0.5), ValueError,
+     r"^scale must lie in \[min_scale, max_scale\] = \[1, 1\.67772e\+07\], got scale=0\.5$"),
+    (dict(scale=2 ** 25), ValueError, r"scale must lie in .*got scale=33554432$"),
+    (dict(scale=3.0, min_scale=4.0), ValueError,
+     r"^scale must lie in \[min_scale, max_scale\] = \[4, .*got scale=3\.0$"),
+    (dict(scaling_factor=1.0), ValueError, r"^scaling_factor must be > 1, got 1\.0$"),
+    (dict(scaling_factor=0.5), ValueError, r"^scaling_factor must be > 1, got 0\.5$"),
+    (dict(scaling_factor=False), TypeError, r"^scaling_factor must be a real number, got False"),
+    (dict(backoff_factor=1.0), ValueError, r"^backoff_factor must be > 0 and < 1, got 1\.0$"),
+    (dict(backoff_factor=0), ValueError, r"^backoff_factor must be > 0 and < 1, got 0$"),
+    (dict(backoff_factor=-0.5), ValueError, r"^backoff_factor must be > 0 and < 1, got -0\.5$"),
+    (dict(backoff_factor=2), ValueError, r"^backoff_factor must be > 0 and < 1, got 2$"),
+    (dict(N=0), ValueError, r"^N must be >= 1, got 0$"),
+    (dict(N=-3), ValueError, r"^N must be >= 1, got -3$"),
+    (dict(N=2.5), TypeError, r"^N must be an integer, got 2\.5 of type float$"),
+    (dict(N=2000.0), TypeError, r"^N must be an integer, got 2000\.0 of type float$"),
+    (dict(N=True), TypeError, r"^N must be an integer, got True of type bool$"),
+    (dict(accum_grad=0), ValueError, r"^accum_grad must be >= 1, got 0$"),
+    (dict(accum_grad=1.0), TypeError, r"^accum_grad must be an integer, got 1\.0 of type float$"),
+    (dict(accum_grad="2"), TypeError, r"^accum_grad must be an integer, got '2' of type str$"),
+    (dict(min_scale=4.0, max_scale=2.0), ValueError,
+     r"^min_scale must be <= max_scale, got min_scale=4\.0 and max_scale=2\.0$"),
+    (dict(min_scale=0), ValueError, r"^min_scale must be > 0, got 0$"),
+    (dict(max_scale=-1), ValueError, r"^max_scale must be > 0, got -1$"),
+    (dict(hysteresis=0), ValueError, r"^hysteresis must be >= 1, got 0$"),
+    (dict(hysteresis=1.5), TypeError, r"^hysteresis must be an integer, got 1\.5"),
+    (dict(overflow_mode="saturate"), ValueError,
+     r"^overflow_mode must be one of 'inf_nan', 'saturation', got 'saturate'$"),
+    (dict(overflow_mode=None), ValueError, r"^overflow_mode must be one of .*got None$"),
+    (dict(weight_decay=-1e-4), ValueError, r"^weight_decay must be >= 0, got -0\.0001$"),
+    (dict(weight_decay=True), TypeError, r"^weight_decay must be a real number, got True"),
+    (dict(clip_grad_norm=0), ValueError, r"^clip_grad_norm must be > 0, got 0$"),
+    (dict(clip_grad_norm=-1.0), ValueError, r"^clip_grad_norm must be > 0, got -1\.0$"),
+    (dict(max_retries=-1), ValueError, r"^max_retries must be >= 0, got -1$"),
+    (dict(max_retries=1.5), TypeError, r"^max_retries must be an integer, got 1\.5"),
+    (dict(clear_buffer="yes"), TypeError, r"^clear_buffer must be True or False, got 'yes'"),
+    (dict(average_accum=1), TypeError, r"^average_accum must be True or False, got 1 "),
+    (dict(average_ranks=None), TypeError, r"^average_ranks must be True or False, got None"),
+    (dict(data_feeder=3), TypeError, r"^data_feeder must be callable or None, got 3$"),
+    (dict(data_feeder="feed"), TypeError, r"^data_feeder must be callable or None, got 'feed'$"),
+    (dict(grads=[np.zeros(2)]), TypeError,
+     r"^grads must be None or a list of nnabla\.NdArray, got \[array\(\[0\., 0\.\]\)\]$"),
+    (dict(grads="abc"), TypeError, r"^grads must be None or a list of nnabla\.NdArray, got 'abc'"),
+    (dict(comm=object()), TypeError,
+     r"^comm must be a communicator with all_reduce, size and rank \(missing 'all_reduce'\), "
+     r"got object$"),
+]
+
+
+@pytest.mark.parametrize("kwargs, exc, message", DYNAMIC_CASES,
+                         ids=[next(iter(c[0])) + "=" + repr(next(iter(c[0].values())))[:20]
+                              for c in DYNAMIC_CASES])
+def test_dynamic_updater_arguments(net, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, **kwargs)
+
+
+def test_grads_of_variables_instead_of_ndarrays(net):
+    params = list(net.params.values())
+    with pytest.raises(TypeError, match=r"^grads must be None or a list of nnabla\.NdArray, "
+                                        r"got \[<Variable"):
+        DynamicLossScalingUpdater(net.solver(), net.loss, grads=params)
+    # A correct list is accepted.
+    DynamicLossScalingUpdater(net.solver(), net.loss, grads=[v.grad for v in params])
+
+
+class _NoAllReduce:
+    size, rank = 1, 0
+
+
+def test_comm_without_all_reduce(net):
+    with pytest.raises(TypeError, match=r"^comm must be a communicator .*missing "
+                                        r"'all_reduce'\), got _NoAllReduce$"):
+        DynamicLossScalingUpdater(net.solver(), net.loss, comm=_NoAllReduce())
+
+
+FIXED_CASES = [
+    (dict(scale=0.5), ValueError, r"^scale must be >= 1, got 0\.5$"),
+    (dict(scale=0), ValueError, r"^scale must be >= 1, got 0$"),
+    (dict(scale=-128), ValueError, r"^scale must be >= 1, got -128$"),
+    (dict(scale=None), TypeError, r"^scale must be a real number, got None"),
+    (dict(enable_overflow_check="no"), TypeError,
+     r"^enable_overflow_check must be True or False, got 'no'"),
+    (dict(max_retries=2, enable_overflow_check=False), ValueError,
+     r"^max_retries=2 needs enable_overflow_check=True"),
+    (dict(weight_decay=-1), ValueError, r"^weight_decay must be >= 0, got -1$"),
+    (dict(accum_grad=0), ValueError, r"^accum_grad must be >= 1, got 0$"),
+    (dict(clip_grad_norm=0.0), ValueError, r"^clip_grad_norm must be > 0, got 0\.0$"),
+    (dict(max_retries=-2), ValueError, r"^max_retries must be >= 0, got -2$"),
+    (dict(overflow_mode="inf"), ValueError, r"^overflow_mode must be one of .*got 'inf'$"),
+    (dict(data_feeder=[1]), TypeError, r"^data_feeder must be callable or None, got \[1\]$"),
+]
+
+
+@pytest.mark.parametrize("kwargs, exc, message", FIXED_CASES,
+                         ids=[",".join(f"{k}={v!r}" for k, v in c[0].items())
+                              for c in FIXED_CASES])
+def test_fixed_updater_arguments(net, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        FixedLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, **kwargs)
+
+
+def test_fixed_updater_without_check_and_no_retries_is_fine(net):
+    u = FixedLossScalingUpdater(net.solver(), net.loss, enable_overflow_check=False,
+                                max_retries=0)
+    assert u.enable_overflow_check is False
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_loss_must_be_a_scalar_variable(net, cls):
+    with pytest.raises(TypeError, match=r"^loss must be an nnabla\.Variable, got float32$"):
+        cls(net.solver(), np.float32(1.0))
+    with pytest.raises(TypeError, match=r"^loss must be an nnabla\.Variable, got NdArray$"):
+        cls(net.solver(), nn.NdArray((1,)))
+    with pytest.raises(ValueError, match=r"^loss must be a scalar Variable \(one element\), "
+                                         r"got shape \(4, 2\)$"):
+        cls(net.solver(), net.y)
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_solver_must_be_a_solver_with_parameters(net, cls):
+    with pytest.raises(TypeError, match=r"^solver must be an nnabla solver \(missing method "
+                                        r"'zero_grad'\), got str$"):
+        cls("sgd", net.loss)
+    with pytest.raises(TypeError, match=r"^solver must be an nnabla solver .*got NoneType$"):
+        cls(None, net.loss)
+    with pytest.raises(ValueError, match=r"^solver has no parameters: call "
+                                         r"solver\.set_parameters"):
+        cls(S.Sgd(0.1), net.loss)
+
+
+def test_dynamic_scale_setter_is_checked_and_keeps_the_old_value(net):
+    u = DynamicLossScalingUpdater(net.solver(), net.loss, scale=8.0, max_scale=1024.0)
+    with pytest.raises(ValueError, match=r"^scale must lie in \[min_scale, max_scale\] = "
+                                         r"\[1, 1024\], got 1e\+30$"):
+        u.scale = 1e30
+    with pytest.raises(ValueError, match=r"^scale must lie in .*got 0\.5$"):
+        u.scale = 0.5
+    with pytest.raises(ValueError, match=r"^scale must be > 0, got 0$"):
+        u.scale = 0
+    with pytest.raises(TypeError, match=r"^scale must be a real number, got True"):
+        u.scale = True
+    with pytest.raises(ValueError, match=r"^scale must be finite, got nan$"):
+        u.scale = float("nan")
+    assert u.scale == 8.0
+    u.scale = 1024
+    assert u.scale == 1024.0
+
+
+def test_fixed_scale_setter_is_checked(net):
+    u = FixedLossScalingUpdater(net.solver(), net.loss, scale=8.0)
+    with pytest.raises(ValueError, match=r"^scale must be >= 1, got 0\.5$"):
+        u.scale = 0.5
+    with pytest.raises(TypeError, match=r"^scale must be a real number, got '2'"):
+        u.scale = "2"
+    assert u.scale == 8.0
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(init_scale=0.5), ValueError, r"^init_scale must lie in .*got 0\.5$"),
+    (dict(init_scale=-1), ValueError, r"^init_scale must be > 0, got -1$"),
+    (dict(growth_factor=1), ValueError, r"^growth_factor must be > 1, got 1$"),
+    (dict(backoff_factor=1), ValueError, r"^backoff_factor must be > 0 and < 1, got 1$"),
+    (dict(growth_interval=0), ValueError, r"^growth_interval must be >= 1, got 0$"),
+    (dict(growth_interval=10.0), TypeError, r"^growth_interval must be an integer, got 10\.0"),
+    (dict(hysteresis=0), ValueError, r"^hysteresis must be >= 1, got 0$"),
+    (dict(min_scale=8, max_scale=4, init_scale=4), ValueError,
+     r"^min_scale must be <= max_scale, got min_scale=8 and max_scale=4$"),
+    (dict(min_scale=-1), ValueError, r"^min_scale must be > 0, got -1$"),
+])
+def test_dynamic_policy_arguments(kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        DynamicLossScale(**kwargs)
+
+
+def test_fixed_policy_and_detector_arguments():
+    with pytest.raises(ValueError, match=r"^scale must be >= 1, got 0\.25$"):
+        FixedLossScale(0.25)
+    with pytest.raises(ValueError, match=r"^overflow_mode must be one of 'inf_nan', "
+                                         r"'saturation', got 'nan'$"):
+        OverflowDetector("nan")
+    with pytest.raises(ValueError, match=r"^threshold must be > 0, got 0$"):
+        OverflowDetector("saturation", threshold=0)
+    with pytest.raises(TypeError, match=r"^threshold must be a real number, got '1'"):
+        OverflowDetector("saturation", threshold="1")
+
+
+# -- the package source ---------------------------------------------------------------------
+
+def _package_trees():
+    files = sorted(PACKAGE_DIR.rglob("*.py"))
+    assert files, PACKAGE_DIR
+    return [(path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+            for path in files]
+
+
+def test_package_has_no_assert_statements():
+    found = [f"{path.name}:{node.lineno}" for path, tree in _package_trees()
+             for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+    assert found == []
+
+
+def test_package_has_no_print_calls():
+    found = [f"{path.name}:{node.lineno}" for path, tree in _package_trees()
+             for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id == "print"]
+    assert found == []
+    # And no print( hidden from the parser (e.g. built with exec or eval).
+    for path in PACKAGE_DIR.rglob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        code_lines = [line for line in source.splitlines()
+                      if "print(" in line and not line.strip().startswith((">>>", "..."))]
+        assert code_lines == [], path.name
