@@ -282,3 +282,17 @@ def test_stats_overflow_rate_and_pure_callback():
     assert (seen[0].skipped, seen[0].steps) == (2, 3)
     assert seen[0].overflow_rate == pytest.approx(2 / 3)
     assert hook.flush().overflow_rate == 0.0
+
+
+def test_hook_sees_the_step_that_raises_the_collapse_error():
+    from nnabla_mpt import LossScaleCollapseError
+
+    solver, loss = fp16_net()
+    results = []
+    updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 17, min_scale=2.0 ** 16,
+                                        monitor=results.append)
+    updater.update()                          # 2**17 overflows: back off to the floor
+    with pytest.raises(LossScaleCollapseError):
+        updater.update()                      # 2**16 overflows at min_scale
+    assert [(r.step, r.skipped, r.scale) for r in results] == [
+        (0, True, 2.0 ** 17), (1, True, 2.0 ** 16)]
