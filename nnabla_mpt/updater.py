@@ -56,6 +56,24 @@ class StepResult:
         return not self.skipped
 
 
+def _step_result(step: int, skipped: bool, scale: float, next_scale: float, attempts: int,
+                 precision: str) -> StepResult:
+    """``StepResult(...)`` for the step loop, without the frozen dataclass's per-field
+    ``object.__setattr__`` calls (a third of the cost); equal to the normal construction."""
+    result = _new_object(StepResult)
+    fields = result.__dict__
+    fields["step"] = step
+    fields["skipped"] = skipped
+    fields["scale"] = scale
+    fields["next_scale"] = next_scale
+    fields["attempts"] = attempts
+    fields["precision"] = precision
+    return result
+
+
+_new_object = object.__new__
+
+
 def _check_solver(solver) -> "Dict[str, nn.Variable]":
     for attr in ("zero_grad", "update", "scale_grad", "check_inf_or_nan_grad",
                  "get_parameters", "weight_decay", "get_states", "set_states"):
@@ -302,12 +320,12 @@ class _LossScalingUpdater:
         Returns:
             StepResult: whether the step was skipped and the scale it ran with.
         """
-        attempts = 0
-        while True:
+        result = self._step(1)
+        attempts = 1
+        while result.skipped and attempts <= self.max_retries:
             attempts += 1
             result = self._step(attempts)
-            if not result.skipped or attempts > self.max_retries:
-                return result
+        return result
 
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
@@ -353,7 +371,7 @@ class _LossScalingUpdater:
             overflow = self._check_overflow()
             loss_nonfinite = overflow and not self._losses_finite(loss, read_losses, loss_sum)
         scaled = precision != "float" or schedule is None
-        at_floor = scaled and self.policy.at_min_scale
+        at_floor = overflow and scaled and self.policy.at_min_scale    # read on overflow only
         # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
         if scaled and not loss_nonfinite:
             self.policy.update(overflow)
@@ -370,8 +388,9 @@ class _LossScalingUpdater:
             self.updates += 1
         if watch_loss and math.isfinite(loss_value):
             schedule.observe_loss(index, loss_value)
-        result = StepResult(step=index, skipped=overflow, scale=scale,
-                            next_scale=self.scale, attempts=attempts, precision=precision)
+        result = _step_result(index, overflow, scale,
+                              self.policy.get_loss_scale() if schedule is None else self.scale,
+                              attempts, precision)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
@@ -387,17 +406,20 @@ class _LossScalingUpdater:
     def _make_overflow_check(self) -> Callable[[], bool]:
         """The overflow check of a step without communicator.
 
-        The detector's check; or, for a float32 CPU graph in inf/NaN mode with large
-        gradient arrays, the same decision made with a sum over those arrays, several times
-        faster than the solver's element-wise test (see ``detector._SummedInfNanCheck``).
+        The detector's check; in inf/NaN mode that is the solver's own test, called
+        directly. For a float32 CPU graph in inf/NaN mode with large gradient arrays, the same
+        decision is made with a sum over those arrays, several times faster than the
+        solver's element-wise test (see ``detector._SummedInfNanCheck``).
         """
         solver, detector = self.solver, self.detector
+        if detector.mode != "inf_nan":
+            return lambda: detector.check(solver)
         parent = self.loss.parent
         backend = list(parent.context.backend) if parent is not None else []
-        if (detector.mode == "inf_nan" and self.schedule is None and backend == ["cpu:float"]
+        if (self.schedule is None and backend == ["cpu:float"]
                 and any(v.size >= SUM_CHECK_MIN_SIZE for v in self._params.values())):
             return _SummedInfNanCheck(self._params)
-        return lambda: detector.check(solver)
+        return solver.check_inf_or_nan_grad
 
     def _unscale_factor(self, scale: float) -> float:
         divisor = scale

@@ -1,4 +1,4 @@
-"""The summed inf/NaN check used by the updaters on float32 CPU graphs with large arrays."""
+"""The step loop's hot path: the summed inf/NaN check on float32 CPU graphs, StepResult."""
 import numpy as np
 import pytest
 
@@ -122,3 +122,20 @@ def test_other_graphs_use_the_detector(kind):
     updater = FixedLossScalingUpdater(solver, loss, scale=8.0, overflow_mode=mode)
     assert not isinstance(updater._check_overflow, _SummedInfNanCheck)
     assert updater.update().skipped is False
+
+
+def test_step_loop_builds_the_same_step_result():
+    # The step loop builds StepResult without the dataclass __init__ (hot path); it must
+    # set exactly the dataclass's fields, so a new field breaks this test, not the results.
+    import dataclasses
+
+    from nnabla_mpt import StepResult
+    from nnabla_mpt.updater import _step_result
+
+    fast = _step_result(3, True, 1024.0, 512.0, 2, "half")
+    assert fast == StepResult(step=3, skipped=True, scale=1024.0, next_scale=512.0,
+                              attempts=2, precision="half")
+    assert list(vars(fast)) == [f.name for f in dataclasses.fields(StepResult)]
+    assert fast.updated is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.skipped = False
