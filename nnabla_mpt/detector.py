@@ -97,47 +97,18 @@ class _SummedInfNanCheck:
     def __init__(self, params: Dict[str, object], min_size: int = SUM_CHECK_MIN_SIZE) -> None:
         import nnabla.solvers as S
 
-        self._large = [v for v in params.values() if v.size >= min_size]
+        from ._gradsum import GradientSum
+
+        large = [v for v in params.values() if v.size >= min_size]
         small = {name: v for name, v in params.items() if v.size < min_size}
         self._small_solver = None
         if small:
             self._small_solver = S.Sgd(0.0)
             self._small_solver.set_parameters(small)
-        self._arrays: list = []
-        if self._large:
-            self._build()
-
-    def _build(self) -> None:
-        import nnabla as nn
-        import nnabla.functions as F
-        import nnabla.solvers as S
-        from nnabla.ext_utils import get_extension_context
-
-        self._arrays = [v.grad for v in self._large]
-        with nn.context_scope(get_extension_context("cpu", type_config="float")), \
-                nn.auto_forward(False):
-            sums = []
-            for array in self._arrays:
-                view = nn.Variable(array.shape, need_grad=False)
-                view.data = array
-                sums.append(F.sum(view))
-            total = sums[0] if len(sums) == 1 else F.add_n(*sums)
-        # The total is read by a one-parameter solver's own check: no NumPy round trip.
-        probe = nn.Variable(total.shape, need_grad=True)
-        probe.grad = total.data
-        self._total = total
-        self._total_solver = S.Sgd(0.0)
-        self._total_solver.set_parameters({"gradient_sum": probe})
+        self._sum = GradientSum(large) if large else None
 
     def __call__(self) -> bool:
         """True when a gradient holds inf or NaN (or the float32 sum overflows)."""
         if self._small_solver is not None and self._small_solver.check_inf_or_nan_grad():
             return True
-        if not self._large:
-            return False
-        for v, array in zip(self._large, self._arrays):
-            if v.grad != array:
-                self._build()
-                break
-        self._total.forward()
-        return bool(self._total_solver.check_inf_or_nan_grad())
+        return self._sum is not None and self._sum.nonfinite()

@@ -20,6 +20,7 @@ from nnabla.logger import logger
 
 from . import _validate as check
 from . import diagnosis
+from ._gradsum import SquaredNorm
 from .detector import SUM_CHECK_MIN_SIZE, OverflowDetector, OverflowMode, _SummedInfNanCheck
 from .policy import DynamicLossScale, FixedLossScale
 from .precision import PrecisionSchedule
@@ -200,6 +201,20 @@ def _finite_loss(loss: "nn.Variable") -> bool:
     return bool(np.isfinite(loss.d).all())
 
 
+class _NumpySquaredNorm:
+    """Sum of the squared gradients read through NumPy, in float64 (non-CPU backends)."""
+
+    def __init__(self, params: "Dict[str, nn.Variable]") -> None:
+        self._params = params
+
+    def value(self) -> float:
+        total = 0.0
+        for v in self._params.values():
+            g = v.g.ravel().astype(np.float64)
+            total += float(np.dot(g, g))
+        return total
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -261,6 +276,7 @@ class _LossScalingUpdater:
         self.average_ranks = check.boolean("average_ranks", average_ranks)
         self._monitor = _check_monitor(monitor)
         self._check_overflow = self._make_overflow_check()
+        self._squared_norm = None          # built on first use by _grad_norm
         if self.comm is not None:
             self._reduce_list = list(self.grads if self.grads is not None
                                      else (v.grad for v in self._params.values()))
@@ -430,11 +446,16 @@ class _LossScalingUpdater:
         return 1.0 / divisor
 
     def _grad_norm(self) -> float:
-        total = 0.0
-        for v in self._params.values():
-            g = v.g
-            total += float(np.dot(g.ravel().astype(np.float64), g.ravel().astype(np.float64)))
-        return math.sqrt(total)
+        """Global L2 norm of the (still scaled) gradients of all the solver's parameters."""
+        if self._squared_norm is None:
+            parent = self.loss.parent
+            backend = list(parent.context.backend) if parent is not None else ["cpu:float"]
+            if backend[0].startswith("cpu:"):
+                # One prebuilt graph instead of one NumPy read per parameter.
+                self._squared_norm = SquaredNorm(list(self._params.values()))
+            else:
+                self._squared_norm = _NumpySquaredNorm(self._params)
+        return math.sqrt(self._squared_norm.value())
 
     def _apply(self, scale: float) -> None:
         factor = self._unscale_factor(scale)

@@ -139,3 +139,40 @@ def test_step_loop_builds_the_same_step_result():
     assert fast.updated is False
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.skipped = False
+
+
+@pytest.mark.parametrize("numpy_min_size", [1, 1 << 10, 1 << 30])
+def test_squared_norm_matches_numpy_over_steps(numpy_min_size):
+    # Graph path (small arrays), NumPy path (large ones) or a mix, over steps whose
+    # gradients are zeroed lazily and rewritten by backward.
+    from nnabla_mpt._gradsum import SquaredNorm
+
+    solver, loss, x = net()
+    params = solver.get_parameters()
+    norm = SquaredNorm(list(params.values()), numpy_min_size=numpy_min_size)
+    rng = np.random.RandomState(5)
+    for step in range(3):
+        x.d = rng.randn(*x.shape)
+        solver.zero_grad()
+        loss.forward()
+        loss.backward(2.0 ** step)
+        expected = sum(float(np.sum(v.g.astype(np.float64) ** 2)) for v in params.values())
+        assert norm.value() == pytest.approx(expected, rel=1e-5)
+    replaced = np.full((128, 10), 2.0, dtype=np.float32)
+    params["fc2/affine/W"].grad = nn.NdArray.from_numpy_array(replaced)
+    expected = sum(float(np.sum(v.g.astype(np.float64) ** 2)) for v in params.values())
+    assert norm.value() == pytest.approx(expected, rel=1e-5)
+
+
+def test_squared_norm_reads_float16_gradients():
+    from nnabla_mpt._gradsum import SquaredNorm
+
+    nn.set_default_context(get_extension_context("cpu", type_config="half"))
+    solver, loss, _ = net(width=32)
+    params = solver.get_parameters()
+    solver.zero_grad()
+    loss.forward()
+    loss.backward(64.0)
+    expected = sum(float(np.sum(v.g.astype(np.float64) ** 2)) for v in params.values())
+    assert expected > 0
+    assert SquaredNorm(list(params.values())).value() == pytest.approx(expected, rel=1e-5)
