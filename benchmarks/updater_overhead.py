@@ -12,8 +12,11 @@ They run interleaved in one process: hand, ours, nnabla, hand, ours, nnabla, ...
 times a block of steps; after the warm-up rounds the table reports the median step time of
 each contender and the median over rounds of the per-round ratios.
 
+With ``--with-clip`` a fourth contender, ours with ``clip_grad_norm`` (the global gradient
+norm computed every step), joins the rotation and the table adds its ratio to ours.
+
 Usage:
-    .venv/bin/python benchmarks/updater_overhead.py [--rounds 40] [--block-ms 40]
+    .venv/bin/python benchmarks/updater_overhead.py [--rounds 60] [--with-clip]
 """
 import argparse
 import os
@@ -76,7 +79,7 @@ def feed():
     """The same no-op data feeder for every contender (the batch stays in place)."""
 
 
-def contenders(spec, seed):
+def contenders(spec, seed, with_clip=False):
     runs = {}
 
     loss, params = build("hand", spec, seed)
@@ -98,6 +101,13 @@ def contenders(spec, seed):
     loss, params = build("nnabla", spec, seed)
     theirs = NnablaUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
     runs["nnabla"] = theirs.update
+
+    if with_clip:
+        # The norm is computed every step; the bound is never reached.
+        loss, params = build("clip", spec, seed)
+        clipped = DynamicLossScalingUpdater(make_solver(params), loss, feed, scale=SCALE,
+                                            N=2000, clip_grad_norm=1e30)
+        runs["ours+clip"] = clipped.update
     return runs, sum(v.size for v in params.values()), len(params)
 
 
@@ -112,9 +122,9 @@ def time_block(fn, n):
     return (clock() - start) / n
 
 
-def measure(spec, rounds, warmup, block_ms, seed=0):
+def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False):
     nn.clear_parameters()
-    runs, n_params, n_arrays = contenders(spec, seed)
+    runs, n_params, n_arrays = contenders(spec, seed, with_clip)
     names = list(runs)
     # Steps per block: about block_ms of work, from a short probe.
     probe = min(time_block(runs["hand"], 3) for _ in range(3))
@@ -128,7 +138,9 @@ def measure(spec, rounds, warmup, block_ms, seed=0):
     ratio_hand = statistics.median(o / h for o, h in zip(times["ours"], times["hand"]))
     ratio_nnabla = statistics.median(o / c for o, c in zip(times["ours"], times["nnabla"]))
     med = {k: statistics.median(v) for k, v in times.items()}
-    return n_params, n_arrays, n, med, ratio_hand, ratio_nnabla
+    ratio_clip = (statistics.median(c / o for c, o in zip(times["ours+clip"], times["ours"]))
+                  if with_clip else None)
+    return n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip
 
 
 def cpu_model():
@@ -144,11 +156,14 @@ def cpu_model():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=40, help="timed rounds (default 40)")
+    parser.add_argument("--rounds", type=int, default=60, help="timed rounds (default 60)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds (default 5)")
     parser.add_argument("--block-ms", type=float, default=40.0,
                         help="approximate length of one timed block (default 40 ms)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--with-clip", action="store_true",
+                        help="add a fourth contender: ours with clip_grad_norm (the global "
+                             "norm computed every step)")
     parser.add_argument("--clock", choices=list(CLOCKS), default="cpu",
                         help="cpu: CPU time of this process (default; robust when other "
                              "programs share the machine), wall: elapsed time")
@@ -158,21 +173,24 @@ def main(argv=None):
     logger.setLevel("WARNING")
 
     print(f"# updater step time, float, batch {BATCH}, Momentum; {args.rounds} rounds "
-          f"(+{args.warmup} warm-up) of interleaved blocks hand/ours/nnabla, "
+          f"(+{args.warmup} warm-up) of interleaved blocks hand/ours/nnabla"
+          f"{'/ours+clip' if args.with_clip else ''}, "
           f"{args.clock} clock")
     print(f"# nnabla {nn.__version__}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs ({cpu_model()}), OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS')}")
     header = (f"{'model':<12} {'params':>9} {'arrays':>6} {'steps/blk':>9} {'hand ms':>8} "
-              f"{'ours ms':>8} {'nnabla ms':>9} {'ours/hand':>9} {'ours/nnabla':>11}")
+              f"{'ours ms':>8} {'nnabla ms':>9} {'ours/hand':>9} {'ours/nnabla':>11}"
+              + (f" {'clip ms':>8} {'clip/ours':>9}" if args.with_clip else ""))
     print(header)
     print("-" * len(header))
     for name in args.models:
-        n_params, n_arrays, n, med, rh, rn = measure(MODELS[name], args.rounds, args.warmup,
-                                                      args.block_ms)
+        n_params, n_arrays, n, med, rh, rn, rc = measure(
+            MODELS[name], args.rounds, args.warmup, args.block_ms, with_clip=args.with_clip)
         print(f"{name:<12} {n_params:>9,} {n_arrays:>6} {n:>9} {med['hand'] * 1e3:>8.3f} "
-              f"{med['ours'] * 1e3:>8.3f} {med['nnabla'] * 1e3:>9.3f} {rh:>9.3f} "
-              f"{rn:>11.3f}", flush=True)
+              f"{med['ours'] * 1e3:>8.3f} {med['nnabla'] * 1e3:>9.3f} {rh:>9.3f} {rn:>11.3f}"
+              + (f" {med['ours+clip'] * 1e3:>8.3f} {rc:>9.3f}" if args.with_clip else ""),
+              flush=True)
 
 
 if __name__ == "__main__":
