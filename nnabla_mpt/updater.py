@@ -724,7 +724,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
             A single overflow is only skipped and counted.
         monitor: A step hook: any callable, called once per step (after the step is
             complete) with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a
-            :class:`LossScaleCallback`. None (default) costs nothing.
+            :class:`LossScaleCallback`. None (default) costs one attribute test per step.
 
     Attributes:
         last_report: The :class:`~nnabla_mpt.diagnosis.OverflowReport` of the last
@@ -806,7 +806,8 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
             concern a dynamic scale: ``overflow_mode``, ``clip_grad_norm``, ``max_retries``,
             ``average_accum``, ``average_ranks``, ``accelerate_train_mode``, ``total_steps``,
             ``final_loss``, ``high_precision_loss``, ``monitor``, ``floor_policy``,
-            ``diagnose_after`` (a fixed scale has no floor: only the overflow streak triggers the diagnosis).
+            ``diagnose_after`` (a fixed scale has no floor: only the overflow streak
+            triggers the diagnosis).
     """
 
     def __init__(self, solver, loss, data_feeder: Optional[Callable[[], Any]] = None,
