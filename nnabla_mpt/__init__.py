@@ -20,6 +20,7 @@ _LAZY = {
     "diagnose": "diagnosis",
     "OverflowReport": "diagnosis",
     "LossScaleCollapseError": "diagnosis",
+    "MPICommunicator": "communicator",
     "LossScaleCallback": "monitoring",
     "LossScaleMonitor": "monitoring",
     "LossScaleStats": "monitoring",

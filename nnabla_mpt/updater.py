@@ -496,19 +496,43 @@ class _LossScalingUpdater:
                 f"step {index} had a non-finite loss: the updater skipped it without "
                 "lowering the loss scale.")
         self.last_report = report
-        if (report.kind == "overflow" and isinstance(self.policy, DynamicLossScale)
+        pure_overflow = report.kind == "overflow"
+        if self.comm is not None:
+            pure_overflow = self._agree_on_diagnosis(report)
+        if (pure_overflow and isinstance(self.policy, DynamicLossScale)
                 and not self.policy.at_min_scale):
             # Pure overflow while the scale can still back off: the policy is doing its
             # job (e.g. an initial scale far too high); the floor will call again if not.
+            where = (f"{report.function} in backward" if report.kind == "overflow"
+                     else "on another rank's batch")
             logger.info(f"nnabla_mpt: {reason}: the gradients overflow only because of the "
-                        f"scale ({report.function} in backward); it keeps backing off, now "
-                        f"{self.scale:g}")
+                        f"scale ({where}); it keeps backing off, now {self.scale:g}")
             return
         self._streak_reported = True
         if self.floor_policy == "raise":
             raise diagnosis.LossScaleCollapseError(report, reason)
         logger.warning(f"nnabla_mpt: loss scale collapse ({reason}); training goes on "
                        f"skipping these steps (floor_policy='warn').\n{report}")
+
+    def _agree_on_diagnosis(self, report: "diagnosis.OverflowReport") -> bool:
+        """Whether the collapse is a pure overflow, decided alike on every rank.
+
+        Each rank replays only its own batch, so the reports differ when one rank's data
+        caused the overflow; acting on them separately would make some ranks raise while
+        the others wait in the next all-reduce. One extra all-reduce (on this rare path
+        only) combines them: pure overflow when some rank reproduced an overflow that a
+        smaller scale fixes and no rank found a data or model problem.
+        """
+        votes = nn.NdArray((2,))
+        votes.data = np.array([report.kind == "overflow", report.kind in ("data", "model")],
+                              dtype=np.float32)
+        self.comm.all_reduce([votes], division=False, inplace=True)
+        overflow_votes, problem_votes = (float(v) for v in votes.data)
+        if report.kind == "not_reproduced" and (overflow_votes > 0 or problem_votes > 0):
+            report.notes.append(
+                f"{int(overflow_votes + problem_votes)} other rank(s) reproduced the "
+                "non-finite gradients on their own batches; their reports name the function.")
+        return overflow_votes > 0 and problem_votes == 0
 
     # -- state -------------------------------------------------------------------------
     _COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",

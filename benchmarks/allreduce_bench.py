@@ -1,0 +1,162 @@
+"""Fused gradient all-reduce versus one all-reduce per parameter array.
+
+Run (2 ranks)::
+
+    .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/allreduce_bench.py
+
+Three gradient layouts with realistic shapes (float32):
+
+* ``mlp-10``: an MLP 784-512-256-128-64-10, weights and biases (10 arrays).
+* ``cnn-50``: 16 3x3 convolutions (32 to 128 channels) each with batch-norm scale and
+  shift, and a classifier (50 arrays).
+* ``resnet-200``: 66 3x3 convolutions (16 to 64 channels, CIFAR-ResNet widths) each with
+  batch-norm scale and shift, and a classifier (200 arrays).
+
+For each layout it times, interleaved repetition by repetition:
+
+* ``fused``: ``MPICommunicator.all_reduce(grads)`` (one buffer, bit-exact scheme, including
+  the copies into and out of the buffer);
+* ``per-array comm``: ``MPICommunicator.all_reduce([g])`` once per array, i.e. the same
+  reduction (float32, bit-exact) without fusion;
+* ``per-array raw MPI``: ``MPI_Allreduce`` in place on every array's own memory, one call
+  per array: no copies, no widening of float16, no bit-exactness guarantee; a lower bound
+  for any unfused loop.
+
+The ratios are per-array time / fused time (above 1: fusion is faster).
+
+A second table compares the fused schemes: reduce-scatter + allgather (default),
+reduce + bcast, and a plain in-place ``MPI_Allreduce`` of the fused buffer (not guaranteed
+bit-exact, shown for reference). Each time is the slowest rank's, the table shows medians.
+"""
+import argparse
+import platform
+import time
+
+import numpy as np
+
+import nnabla as nn
+from mpi4py import MPI
+
+from nnabla_mpt import MPICommunicator
+
+
+def layouts():
+    """name -> list of array shapes."""
+    mlp = []
+    widths = [784, 512, 256, 128, 64, 10]
+    for a, b in zip(widths[:-1], widths[1:]):
+        mlp += [(a, b), (b,)]
+
+    def conv_bn(channels):
+        shapes, cin = [], 3
+        for c in channels:
+            shapes += [(c, cin, 3, 3), (1, c, 1, 1), (1, c, 1, 1)]
+            cin = c
+        return shapes + [(cin, 10), (10,)]
+
+    cnn = conv_bn([32] * 5 + [64] * 6 + [128] * 5)
+    resnet = conv_bn([16] * 22 + [32] * 22 + [64] * 22)
+    out = {"mlp-10": mlp, "cnn-50": cnn, "resnet-200": resnet}
+    for name, shapes in out.items():
+        assert len(shapes) == int(name.split("-")[1]), (name, len(shapes))
+    return out
+
+
+class PlainAllreduceCommunicator(MPICommunicator):
+    """The fused all-reduce with a plain in-place MPI_Allreduce (for comparison only)."""
+
+    def _reduce(self, buf):
+        self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        self.n_collectives += 1
+
+
+def make_grads(shapes, rank):
+    rng = np.random.RandomState(rank)
+    grads = []
+    for s in shapes:
+        a = nn.NdArray(s)
+        a.cast(np.float32)[...] = rng.randn(*s)
+        grads.append(a)
+    return grads
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=60, help="timed repetitions per variant")
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+
+    world = MPI.COMM_WORLD
+    comm = MPICommunicator()
+    reduce_bcast = MPICommunicator(algorithm="reduce_bcast")
+    plain = PlainAllreduceCommunicator()
+    rank, size = comm.rank, comm.size
+
+    results = {}
+    for name, shapes in layouts().items():
+        grads = make_grads(shapes, rank)
+        # numpy views of the arrays' memory, taken once (outside the timings) so that the
+        # unfused baseline pays for nothing but MPI
+        views = [g.get_data("rw") for g in grads]
+
+        def per_array_mpi(grads):
+            for v in views:
+                world.Allreduce(MPI.IN_PLACE, v, op=MPI.SUM)
+
+        def per_array_comm(grads):
+            for g in grads:
+                comm.all_reduce([g])
+
+        variants = {
+            "fused": comm.all_reduce,
+            "per-array MPI": per_array_mpi,
+            "per-array comm": per_array_comm,
+            "fused reduce+bcast": reduce_bcast.all_reduce,
+            "fused plain Allreduce": plain.all_reduce,
+        }
+        times = {v: [] for v in variants}
+        for rep in range(args.warmup + args.reps):
+            for v, fn in variants.items():
+                # keep magnitudes bounded: rescale instead of letting sums grow
+                for view in views:
+                    view *= 1.0 / size
+                world.Barrier()
+                t0 = time.perf_counter()
+                fn(grads)
+                dt = time.perf_counter() - t0
+                if rep >= args.warmup:
+                    times[v].append(dt)
+        slowest = {v: np.max(world.allgather(np.array(t)), axis=0) for v, t in times.items()}
+        n_elems = int(sum(np.prod(s) for s in shapes))
+        results[name] = (len(shapes), n_elems, {v: float(np.median(t)) for v, t in slowest.items()})
+
+    if rank != 0:
+        return
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import os
+    print(f"# {size} ranks, {os.cpu_count()} CPUs ({cpu}), {args.reps} repetitions, "
+          f"median of the slowest rank, float32 gradients")
+    print()
+    print("| layout | arrays | elements | fused (ms) | per-array comm (ms) | ratio "
+          "| per-array raw MPI (ms) | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, (k, n, t) in results.items():
+        f, c, m = t["fused"], t["per-array comm"], t["per-array MPI"]
+        print(f"| {name} | {k} | {n:,} | {f * 1e3:.2f} | {c * 1e3:.2f} | {c / f:.1f}x "
+              f"| {m * 1e3:.2f} | {m / f:.1f}x |")
+    print()
+    print("| layout | reduce-scatter+allgather (ms) | reduce+bcast (ms) "
+          "| plain Allreduce, not bit-exact (ms) |")
+    print("|---|---:|---:|---:|")
+    for name, (k, n, t) in results.items():
+        print(f"| {name} | {t['fused'] * 1e3:.2f} | {t['fused reduce+bcast'] * 1e3:.2f} "
+              f"| {t['fused plain Allreduce'] * 1e3:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,504 @@
+#!/usr/bin/env python
+"""Mixed-precision (fp16) training with dynamic loss scaling on the digits data set.
+
+This program trains the same small multi-layer perceptron twice on scikit-learn's
+bundled 8x8 handwritten digits (1797 images, no download needed):
+
+* in half precision (``type_config='half'``: activations and gradients are real
+  fp16 numbers that overflow to ``inf`` above 65504), driven by
+  :class:`nnabla_mpt.DynamicLossScalingUpdater`;
+* in single precision with a plain training loop, as the reference.
+
+Both runs start from the same initial weights and see the same batches in the
+same order, so the only difference is the arithmetic precision (and the loss
+scaling that makes fp16 training work).
+
+How the loss scale moves: the updater multiplies the loss by the scale before
+the fp16 backward pass, so small gradients do not vanish below fp16's smallest
+numbers. When any gradient overflows (``inf``/``nan``), the step is *skipped*
+(parameters and solver state untouched) and the scale is halved; after
+``--interval`` clean steps in a row the scale is doubled to try a larger one.
+
+The loss here is the *sum* of the per-example cross-entropies over the batch
+(the learning rate is divided by the batch size, so the updates equal those of
+the mean loss). That makes the gradients ``batch size`` times larger, so it is
+the network's own gradients that decide how large the scale can be, as in
+larger models: the scale starts high (2**15), comes down while the early
+gradients are large, and climbs again as the loss falls, probing upwards every
+``--interval`` steps. With ``--reduction mean`` the gradients stay far below the
+fp16 limit and the only thing that overflows is the scale itself: the loss
+gradient that enters the fp16 graph *is* the scale, and 2**16 is already
+``inf`` in fp16 (its largest finite number is 65504).
+
+At the end the program prints
+
+* the test accuracy of the fp16 run next to the float run,
+* the loss-scale trajectory (initial, min, max, final and every change),
+* how many steps were skipped during warm-up (before the first applied update)
+  and afterwards,
+
+and writes ``digits_fp16.png`` (loss and loss scale over the steps, skipped
+steps marked) and ``summary.json`` (the same numbers, machine-readable) to
+``--out`` (default ``runs/digits``).
+
+Run it with ``python examples/digits_demo.py`` (``--help`` lists the options).
+"""
+import argparse
+import json
+import os
+import textwrap
+import time
+
+import numpy as np
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.initializer as I
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla.ext_utils import get_extension_context
+from nnabla.logger import logger
+
+from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater
+
+
+# --------------------------------------------------------------------------- data
+
+def load_digits_split(seed, test_fraction=0.2):
+    """Loads the digits data set and splits it into train and test parts.
+
+    Pixels (0..16) are scaled to [0, 1]. The split is stratified and fixed by
+    ``seed``.
+
+    Returns:
+        (x_train, y_train, x_test, y_test); x is float32 of shape (n, 64),
+        y is int32 of shape (n, 1) as ``F.softmax_cross_entropy`` expects.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int32).reshape(-1, 1)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=test_fraction, random_state=seed, stratify=digits.target)
+    return x_train, y_train, x_test, y_test
+
+
+class BatchStream:
+    """Endless mini-batches: a new shuffle every epoch, fully determined by the seed.
+
+    Two streams built with the same arguments yield identical batches, which is
+    how both runs get exactly the same data.
+    """
+
+    def __init__(self, x, y, batch_size, seed):
+        self.x, self.y, self.batch_size = x, y, batch_size
+        self.rng = np.random.RandomState(seed)
+        self.order = np.empty(0, dtype=np.int64)
+
+    def next(self):
+        if len(self.order) < self.batch_size:
+            self.order = np.concatenate([self.order, self.rng.permutation(len(self.x))])
+        idx, self.order = self.order[:self.batch_size], self.order[self.batch_size:]
+        return self.x[idx], self.y[idx]
+
+
+# -------------------------------------------------------------------------- model
+
+def mlp(x, hidden, n_classes, seed):
+    """The network: affine + ReLU per hidden width, then an affine to the logits.
+
+    Parameters are created in the current parameter scope (``fc0``, ``fc1``, ...);
+    ``seed`` fixes their initial values, so two scopes built with the same seed
+    start identical. When the parameters already exist (a second graph in the
+    same scope) they are reused and ``seed`` has no effect.
+    """
+    rng = np.random.RandomState(seed)
+    h = x
+    widths = list(hidden) + [n_classes]
+    for i, width in enumerate(widths):
+        fan_in = h.shape[1]
+        w_init = I.UniformInitializer(I.calc_uniform_lim_glorot(fan_in, width), rng=rng)
+        h = PF.affine(h, width, w_init=w_init, b_init=I.ConstantInitializer(0.0),
+                      name="fc{}".format(i))
+        if i < len(widths) - 1:
+            h = F.relu(h)
+    return h
+
+
+def build_graph(ctx, scope, batch_size, hidden, seed, reduction="sum", n_inputs=64,
+                n_classes=10):
+    """Builds inputs, logits and the cross-entropy loss under ``ctx``.
+
+    ``reduction`` is how the per-example losses are combined: ``"sum"`` or
+    ``"mean"``. Graphs built in the same ``scope`` share parameters, whatever
+    their context: this is how the fp16 model is evaluated in float below.
+
+    Returns:
+        dict with Variables ``x``, ``t``, ``logits``, ``loss``.
+    """
+    with nn.context_scope(ctx), nn.parameter_scope(scope):
+        x = nn.Variable((batch_size, n_inputs))
+        t = nn.Variable((batch_size, 1))
+        logits = mlp(x, hidden, n_classes, seed)
+        per_example = F.softmax_cross_entropy(logits, t)
+        loss = F.sum(per_example) if reduction == "sum" else F.mean(per_example)
+    return {"x": x, "t": t, "logits": logits, "loss": loss}
+
+
+def make_solver(ctx, scope, lr):
+    """Momentum SGD over the parameters of ``scope``, created under ``ctx``."""
+    with nn.context_scope(ctx), nn.parameter_scope(scope):
+        solver = S.Momentum(lr=lr, momentum=0.9)
+        solver.set_parameters(nn.get_parameters())
+    return solver
+
+
+# ----------------------------------------------------------------------- training
+
+def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, progress=True,
+               schedule=None):
+    """Trains with :class:`DynamicLossScalingUpdater`; returns the per-step history.
+
+    The history holds, per step, the loss divided by ``loss_divisor`` (the batch
+    size for a summed loss: the loss per example), the scale the step ran with,
+    the scale of the next step, whether the step was skipped and the precision it
+    ran in.
+
+    ``schedule`` optionally switches to full precision for the end of training: a
+    dict with ``mode`` (``accelerate_train_mode``), ``graph`` (the same network
+    built under the float context, sharing the parameters) and ``final_loss``
+    (the target of a ``loss`` trigger, or None).
+    """
+    from tqdm import tqdm
+
+    def feed():
+        x, t = stream.next()
+        graph["x"].d, graph["t"].d = x, t
+        if schedule is not None:
+            schedule["graph"]["x"].d, schedule["graph"]["t"].d = x, t
+
+    options = {}
+    if schedule is not None:
+        trigger = schedule["mode"].split("|")[1].strip()
+        options = dict(accelerate_train_mode=schedule["mode"],
+                       high_precision_loss=schedule["graph"]["loss"],
+                       total_steps=steps if trigger == "step" else None,
+                       final_loss=schedule["final_loss"])
+    updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, scale=scale, N=interval,
+                                        **options)
+    history = {"loss": [], "scale": [], "next_scale": [], "skipped": [], "precision": []}
+    bar = tqdm(range(steps), desc="fp16 ", disable=not progress, dynamic_ncols=True)
+    for _ in bar:
+        result = updater.update()
+        ran = graph if result.precision == "half" else schedule["graph"]
+        history["loss"].append(float(ran["loss"].d) / loss_divisor)
+        history["scale"].append(float(result.scale))
+        history["next_scale"].append(float(result.next_scale))
+        history["skipped"].append(bool(result.skipped))
+        history["precision"].append(result.precision)
+        bar.set_postfix(loss="{:.3f}".format(history["loss"][-1]),
+                        scale=format_scale(result.next_scale),
+                        skipped=updater.skipped_steps, refresh=False)
+    return history
+
+
+def train_float(graph, solver, stream, steps, loss_divisor=1, progress=True):
+    """The reference: a plain float training loop, no loss scaling."""
+    from tqdm import tqdm
+
+    history = {"loss": []}
+    for _ in tqdm(range(steps), desc="float", disable=not progress, dynamic_ncols=True):
+        graph["x"].d, graph["t"].d = stream.next()
+        solver.zero_grad()
+        graph["loss"].forward(clear_no_need_grad=True)
+        graph["loss"].backward(clear_buffer=True)
+        solver.update()
+        history["loss"].append(float(graph["loss"].d) / loss_divisor)
+    return history
+
+
+# --------------------------------------------------------------------- evaluation
+
+def accuracy(ctx, scope, x, y, hidden, seed):
+    """Test accuracy of the parameters in ``scope``, computed under ``ctx``.
+
+    A new graph (batch = the whole test set) is built in the existing scope, so it
+    uses the trained parameters, whichever context trained them.
+    """
+    graph = build_graph(ctx, scope, len(x), hidden, seed)
+    graph["x"].d, graph["t"].d = x, y
+    graph["logits"].forward(clear_buffer=True)
+    return float(np.mean(np.argmax(graph["logits"].d, axis=1) == y[:, 0]))
+
+
+# ------------------------------------------------------------------------ summary
+
+def scale_trajectory(history):
+    """Initial, min, max, final scale and the (step, new scale) points where it changed."""
+    changes = [[i, new] for i, (old, new) in
+               enumerate(zip(history["scale"], history["next_scale"])) if new != old]
+    values = [history["scale"][0]] + history["next_scale"]
+    return {"initial": values[0], "min": min(values), "max": max(values),
+            "final": values[-1], "changes": changes}
+
+
+def skipped_summary(history):
+    """Skipped steps, split at the first applied update (the end of the warm-up)."""
+    skipped = [i for i, s in enumerate(history["skipped"]) if s]
+    first_update = next((i for i, s in enumerate(history["skipped"]) if not s),
+                        len(history["skipped"]))
+    warmup = sum(1 for i in skipped if i < first_update)
+    return {"total": len(skipped), "warmup": warmup, "after_warmup": len(skipped) - warmup,
+            "first_update_step": first_update, "steps": skipped}
+
+
+def smooth(values, window):
+    """Trailing moving average (same length as ``values``)."""
+    values = np.asarray(values, dtype=np.float64)
+    window = max(1, min(window, len(values)))
+    csum = np.cumsum(np.insert(values, 0, 0.0))
+    out = np.empty_like(values)
+    out[window - 1:] = (csum[window:] - csum[:-window]) / window
+    out[:window - 1] = csum[1:window] / np.arange(1, window)
+    return out
+
+
+def plot(path, fp16, ref, title):
+    """Two panels over the steps: loss (fp16 and float) and the loss scale (log y)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = np.arange(len(fp16["loss"]))
+    skipped = np.array(fp16["skipped"], dtype=bool)
+    window = max(1, len(steps) // 50)
+
+    fig, (ax_loss, ax_scale) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True,
+                                            gridspec_kw={"height_ratios": [3, 2]})
+    ax_loss.plot(steps, fp16["loss"], color="tab:blue", alpha=0.25, lw=0.8)
+    ax_loss.plot(steps, ref["loss"], color="tab:orange", alpha=0.25, lw=0.8)
+    ax_loss.plot(steps, smooth(fp16["loss"], window), color="tab:blue",
+                 label="fp16 + dynamic loss scaling")
+    ax_loss.plot(steps, smooth(ref["loss"], window), color="tab:orange", label="float")
+    ax_loss.scatter(steps[skipped], np.asarray(fp16["loss"])[skipped], marker="x",
+                    color="tab:red", zorder=3, label="skipped step (fp16)")
+    ax_loss.set_yscale("log")
+    ax_loss.set_ylabel("training loss per example")
+    ax_loss.set_title(title)
+    ax_loss.legend(loc="upper right")
+    ax_loss.grid(True, which="both", alpha=0.3)
+
+    ax_scale.step(steps, fp16["scale"], where="post", color="tab:green",
+                  label="loss scale used")
+    ax_scale.scatter(steps[skipped], np.asarray(fp16["scale"])[skipped], marker="x",
+                     color="tab:red", zorder=3, label="overflow: step skipped")
+    ax_scale.axhline(FP16_MAX, color="gray", ls="--", lw=0.8,
+                     label="largest fp16 number (65504)")
+    ax_scale.set_yscale("log", base=2)
+    ax_scale.set_ylabel("loss scale")
+    ax_scale.set_xlabel("step")
+    ax_scale.legend(loc="lower right")
+    ax_scale.grid(True, which="both", alpha=0.3)
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def format_scale(scale):
+    """A loss scale as text: whole numbers in full (16777216, not 1.67772e+07)."""
+    return str(int(scale)) if float(scale).is_integer() else "{:g}".format(scale)
+
+
+def format_changes(changes, limit=40, width=88):
+    """``step:scale`` pairs wrapped in lines; the middle is elided past ``limit``."""
+    items = ["{}:{}".format(i, format_scale(s)) for i, s in changes]
+    if len(items) > limit:
+        head, tail = items[:limit - 10], items[-10:]
+        items = head + ["... {} more ...".format(len(items) - limit)] + tail
+    return textwrap.fill("  ".join(items) or "none", width=width,
+                         initial_indent="    ", subsequent_indent="    ")
+
+
+def report(summary):
+    """The text printed at the end of a run."""
+    acc, sec, sc, sk = (summary["accuracy"], summary["seconds"], summary["loss_scale"],
+                        summary["skipped_steps"])
+    changes = format_changes(sc["changes"])
+    row = "  {:<34}{:>14}{:>10}"
+    lines = [
+        "",
+        "digits, MLP 64 -> {} -> 10, {} steps of batch {}, {} loss, seed {}".format(
+            "-".join(str(h) for h in summary["hidden"]), summary["steps"],
+            summary["batch_size"], summary["reduction"], summary["seed"]),
+        "",
+        row.format("", "fp16+scaling", "float"),
+        row.format("test accuracy (float inference)", "{:.2f}%".format(100 * acc["fp16"]),
+                   "{:.2f}%".format(100 * acc["float"])),
+        row.format("test accuracy (fp16 inference)",
+                   "{:.2f}%".format(100 * acc["fp16_inference"]), ""),
+        row.format("loss/example, last {} steps".format(summary["final_loss"]["last_steps"]),
+                   "{:.4f}".format(summary["final_loss"]["fp16"]),
+                   "{:.4f}".format(summary["final_loss"]["float"])),
+        row.format("training time", "{:.1f} s".format(sec["fp16"]),
+                   "{:.1f} s".format(sec["float"])),
+        "",
+        "  loss scale: initial {}, min {}, max {}, final {}".format(
+            *(format_scale(sc[k]) for k in ("initial", "min", "max", "final"))),
+        "  changes (step:new scale):",
+        changes,
+        "  skipped steps: {} of {} ({} in warm-up, before the first update at step {};"
+        " {} later)".format(sk["total"], summary["steps"], sk["warmup"],
+                            sk["first_update_step"], sk["after_warmup"]),
+    ]
+    pr = summary.get("precision") or {}
+    if pr.get("accelerate_train_mode"):
+        lines.append("  precision schedule {!r}: {} steps in fp16, {} in float{}".format(
+            pr["accelerate_train_mode"], pr["half_steps"], pr["float_steps"],
+            "" if pr["switch_step"] is None else
+            " (switched at step {})".format(pr["switch_step"])))
+    lines += [
+        "  total time {:.1f} s (training, evaluation, plot)".format(sec["total"]),
+        "",
+        "  wrote {}".format(summary["files"]["plot"]),
+        "  wrote {}".format(summary["files"]["summary"]),
+    ]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="fp16 training with dynamic loss scaling on the digits data set, "
+                    "compared with float training.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=1000, help="training steps (both runs)")
+    p.add_argument("--batch-size", type=int, default=64, help="examples per step")
+    p.add_argument("--seed", type=int, default=0,
+                   help="fixes the data split, the initial weights and the batch order")
+    p.add_argument("--out", default=os.path.join("runs", "digits"),
+                   help="directory for digits_fp16.png and summary.json")
+    p.add_argument("--scale", type=float, default=2.0 ** 15,
+                   help="initial loss scale (large on purpose: watch it come down)")
+    p.add_argument("--interval", type=int, default=50,
+                   help="clean steps before the updater tries a larger scale (N)")
+    p.add_argument("--hidden", type=int, nargs="+", default=[64, 64, 64],
+                   help="hidden layer widths")
+    p.add_argument("--lr", type=float, default=0.05,
+                   help="momentum SGD learning rate for the mean loss (divided by the "
+                        "batch size when the loss is a sum)")
+    p.add_argument("--reduction", choices=["sum", "mean"], default="sum",
+                   help="how the per-example losses are combined (see the module docstring)")
+    p.add_argument("--accelerate-train-mode", default=None, metavar="TYPE|TRIGGER|VALUE",
+                   help="precision schedule, e.g. 'fast|step|0.9': fp16 for the first 90%% "
+                        "of the steps, float for the rest; or 'fast|loss|1.05' with "
+                        "--final-loss")
+    p.add_argument("--final-loss", type=float, default=None,
+                   help="target loss per example, for a 'loss' trigger")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "interval"):
+        if getattr(args, name) < 1:
+            p.error("--{} must be >= 1, got {}".format(name.replace("_", "-"),
+                                                       getattr(args, name)))
+    if args.scale <= 0:
+        p.error("--scale must be > 0, got {}".format(args.scale))
+    if args.accelerate_train_mode is not None:
+        from nnabla_mpt.precision import AccelerateTrainMode
+        try:
+            mode = AccelerateTrainMode.parse(args.accelerate_train_mode)
+        except ValueError as err:
+            p.error(str(err))
+        if mode.trigger == "loss" and args.final_loss is None:
+            p.error("--accelerate-train-mode {!r} uses the 'loss' trigger: give "
+                    "--final-loss".format(args.accelerate_train_mode))
+    if args.final_loss is not None and (args.accelerate_train_mode is None
+                                        or "|loss" not in args.accelerate_train_mode):
+        p.error("--final-loss goes with --accelerate-train-mode 'fast|loss|VALUE'")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    x_train, y_train, x_test, y_test = load_digits_split(args.seed)
+    logger.info("digits: {} training and {} test images".format(len(x_train), len(x_test)))
+
+    half = get_extension_context("cpu", type_config="half")
+    single = get_extension_context("cpu", type_config="float")
+
+    # fp16 run: graph and solver under the half context, parameters in scope "fp16".
+    # A summed loss has batch-size-times larger gradients; scale the learning rate
+    # (and the reported loss) so that both reductions train and read the same.
+    per_example = args.batch_size if args.reduction == "sum" else 1
+    lr = args.lr / per_example
+    graph = build_graph(half, "fp16", args.batch_size, args.hidden, args.seed, args.reduction)
+    solver = make_solver(half, "fp16", lr)
+    schedule = None
+    if args.accelerate_train_mode is not None:
+        # The same network under the float context, in the same scope: it shares the
+        # parameters and takes over for the last part of training.
+        schedule = {"mode": args.accelerate_train_mode,
+                    "graph": build_graph(single, "fp16", args.batch_size, args.hidden,
+                                         args.seed, args.reduction),
+                    "final_loss": (None if args.final_loss is None
+                                   else args.final_loss * per_example)}
+    t0 = time.perf_counter()
+    fp16 = train_fp16(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
+                      args.steps, args.scale, args.interval, per_example,
+                      progress=not args.no_progress, schedule=schedule)
+    t_fp16 = time.perf_counter() - t0
+
+    # float run: same initial weights (same seed), same batches, own scope "float".
+    graph = build_graph(single, "float", args.batch_size, args.hidden, args.seed, args.reduction)
+    solver = make_solver(single, "float", lr)
+    t0 = time.perf_counter()
+    ref = train_float(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
+                      args.steps, per_example, progress=not args.no_progress)
+    t_float = time.perf_counter() - t0
+
+    # Both models are evaluated by the same float graph, so the comparison measures
+    # the weights each training run produced and nothing else (loss scaling only
+    # exists in training). The fp16 weights are also evaluated by an fp16 graph, to
+    # show they serve as well when inference runs in half precision.
+    acc = {"fp16": accuracy(single, "fp16", x_test, y_test, args.hidden, args.seed),
+           "float": accuracy(single, "float", x_test, y_test, args.hidden, args.seed),
+           "fp16_inference": accuracy(half, "fp16", x_test, y_test, args.hidden, args.seed)}
+
+    plot_path = os.path.join(args.out, "digits_fp16.png")
+    summary_path = os.path.join(args.out, "summary.json")
+    plot(plot_path, fp16, ref,
+         "digits MLP, fp16 with dynamic loss scaling vs float (seed {})".format(args.seed))
+
+    tail = min(50, args.steps)
+    summary = {
+        "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed,
+        "hidden": list(args.hidden), "lr": args.lr, "reduction": args.reduction,
+        "interval": args.interval,
+        "accuracy": acc,
+        "final_loss": {"fp16": float(np.mean(fp16["loss"][-tail:])),
+                       "float": float(np.mean(ref["loss"][-tail:])),
+                       "last_steps": tail},
+        "loss_scale": scale_trajectory(fp16),
+        "skipped_steps": skipped_summary(fp16),
+        "precision": {"accelerate_train_mode": args.accelerate_train_mode,
+                      "half_steps": fp16["precision"].count("half"),
+                      "float_steps": fp16["precision"].count("float"),
+                      "switch_step": (fp16["precision"].index("float")
+                                      if "float" in fp16["precision"] else None)},
+        "seconds": {"fp16": t_fp16, "float": t_float},  # "total" is added below
+        "files": {"plot": plot_path, "summary": summary_path},
+    }
+    summary["seconds"]["total"] = time.perf_counter() - started
+    with open(summary_path, "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=2)
+    print(report(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

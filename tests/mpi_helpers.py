@@ -1,0 +1,59 @@
+"""Run worker scripts under a real ``mpiexec`` (the one installed next to the test's Python)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+WORKERS = Path(__file__).resolve().parent / "mpi_workers"
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+TIMEOUT = 120  # seconds; every launch is bounded so a hang fails the test instead of CI
+
+
+def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
+    """Launch ``mpiexec -n n python mpi_workers/<worker> <outdir> <args...>``.
+
+    ``worker`` may also be an absolute path; ``outdir=None`` passes no output directory.
+
+    Returns the CompletedProcess; raises ``subprocess.TimeoutExpired`` on a hang (after
+    killing the launcher and its ranks).
+    """
+    if not MPIEXEC.exists():
+        raise RuntimeError(f"mpiexec not found next to {sys.executable}: {MPIEXEC}")
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(WORKERS), str(WORKERS.parent.parent)] + [full_env.get("PYTHONPATH", "")])
+    if env:
+        full_env.update(env)
+    script = WORKERS / worker  # an absolute path stays as it is
+    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(script),
+           *([] if outdir is None else [str(outdir)]), *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def check_ok(result):
+    """Fail with the ranks' output if the job did not exit cleanly."""
+    if result.returncode != 0:
+        raise AssertionError(f"mpiexec exited with {result.returncode}\n--- stdout\n"
+                             f"{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}")
+
+
+def load_ranks(outdir, n, stem="rank"):
+    """Per-rank results written by the workers: list of (npz dict, json dict)."""
+    res = []
+    for r in range(n):
+        npz = dict(np.load(Path(outdir) / f"{stem}{r}.npz"))
+        meta = json.loads((Path(outdir) / f"{stem}{r}.json").read_text())
+        res.append((npz, meta))
+    return res

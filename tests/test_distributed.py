@@ -1,0 +1,178 @@
+"""Data-parallel training with the loss-scaling updaters under real ``mpiexec`` runs.
+
+The worker (tests/mpi_workers/train.py) trains with MPICommunicator on 2 or 3 ranks and
+saves what every rank saw; the assertions are here.
+"""
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpi_helpers import TIMEOUT, check_ok, load_ranks, run_mpi
+
+RANKS = [2, 3]
+BAD_RANK = 1
+BAD_STEPS = [2, 3, 7]
+BACKWARD_OVERFLOW = 50.0  # batch factor: float16 gradients overflow, the loss stays finite
+NONFINITE_LOSS = 1e4  # batch factor: the float16 loss itself overflows
+
+
+def expected_scales(n_steps, bad_steps, init=1024.0, N=3, max_scale=4096.0,
+                    ignored_steps=()):
+    """Scale used at each step: halve on overflow, double after N good steps in a row.
+
+    ``ignored_steps`` (skipped for a non-finite loss) neither back off nor count as good.
+    """
+    scales, scale, good = [], init, 0
+    for step in range(n_steps):
+        scales.append(scale)
+        if step in ignored_steps:
+            continue
+        if step in bad_steps:
+            scale, good = scale / 2, 0
+        else:
+            good += 1
+            if good == N:
+                scale, good = min(scale * 2, max_scale), 0
+    return scales
+
+
+@pytest.fixture(scope="module", params=RANKS, ids=lambda n: f"np{n}")
+def overflow_run(request, tmp_path_factory):
+    n = request.param
+    outdir = tmp_path_factory.mktemp(f"overflow_np{n}")
+    check_ok(run_mpi(n, "train.py", outdir, "overflow", BAD_RANK, BACKWARD_OVERFLOW, *BAD_STEPS))
+    return n, load_ranks(outdir, n)
+
+
+def test_overflow_on_one_rank_skips_that_step_on_every_rank(overflow_run):
+    n, res = overflow_run
+    expected_skips = [step in BAD_STEPS for step in range(10)]
+    for r, (_, meta) in enumerate(res):
+        assert meta["skipped"] == expected_skips, f"rank {r}"
+        assert meta["skipped_steps"] == len(BAD_STEPS) and meta["updates"] == 10 - len(BAD_STEPS)
+
+
+def test_overflow_on_one_rank_keeps_scales_equal(overflow_run):
+    n, res = overflow_run
+    scales = expected_scales(10, BAD_STEPS)
+    assert scales[:5] == [1024.0, 1024.0, 1024.0, 512.0, 256.0]
+    for r, (_, meta) in enumerate(res):
+        assert meta["scale"] == scales, f"rank {r}"
+        assert meta["next_scale"] == scales[1:] + [meta["next_scale"][-1]], f"rank {r}"
+
+
+def test_skipped_steps_leave_parameters_and_states_untouched(overflow_run):
+    n, res = overflow_run
+    for r, (_, meta) in enumerate(res):
+        # unchanged exactly at the skipped steps, changed at every other one
+        assert meta["params_unchanged"] == meta["skipped"], f"rank {r}"
+        assert meta["states_unchanged"] == meta["skipped"], f"rank {r}"
+
+
+def test_parameters_bitwise_equal_across_ranks(overflow_run):
+    n, res = overflow_run
+    keys = sorted(k for k in res[0][0] if k.startswith("param/"))
+    assert len(keys) == 4
+    for k in keys:
+        ref = res[0][0][k]
+        assert np.all(np.isfinite(ref))
+        for r, (npz, _) in enumerate(res[1:], start=1):
+            np.testing.assert_array_equal(npz[k].view(np.uint32), ref.view(np.uint32),
+                                          err_msg=f"{k} on rank {r}")
+
+
+def test_one_all_reduce_per_step_with_overflow(overflow_run):
+    n, res = overflow_run
+    for _, meta in res:
+        assert meta["all_reduce_calls"] == 10  # skipped steps included
+
+
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_nonfinite_loss_on_one_rank_skips_everywhere_and_keeps_the_scale(tmp_path, n):
+    check_ok(run_mpi(n, "train.py", tmp_path, "overflow", BAD_RANK, NONFINITE_LOSS, *BAD_STEPS))
+    res = load_ranks(tmp_path, n)
+    # a non-finite loss is no overflow: the scale neither backs off nor counts the step
+    expected = expected_scales(10, [], ignored_steps=BAD_STEPS)
+    assert expected == [1024.0] * 5 + [2048.0] * 4 + [4096.0]
+    for r, (npz, meta) in enumerate(res):
+        assert meta["skipped"] == [step in BAD_STEPS for step in range(10)], f"rank {r}"
+        assert meta["params_unchanged"] == meta["skipped"]
+        assert meta["scale"] == expected, f"rank {r}"
+        for k in (k for k in npz if k.startswith("param/")):
+            np.testing.assert_array_equal(npz[k], res[0][0][k])
+
+
+@pytest.mark.parametrize("accum", [1, 2], ids=lambda a: f"accum{a}")
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_data_parallel_average_equals_single_process_on_whole_batch(tmp_path, n, accum):
+    check_ok(run_mpi(n, "train.py", tmp_path, "parity", accum))
+    res = load_ranks(tmp_path, n)
+    rank0 = res[0][0]
+    keys = sorted(k[len("param/"):] for k in rank0 if k.startswith("param/"))
+    assert len(keys) == 4
+    for _, meta in res:
+        assert meta["skipped"] == [False] * meta["steps"]
+    for k in keys:
+        moved = np.abs(rank0[f"param/{k}"] - rank0[f"init/{k}"]).max()
+        assert moved > 0.05, f"{k} barely trained ({moved})"
+        np.testing.assert_allclose(rank0[f"param/{k}"], rank0[f"ref/{k}"], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{k}: {n} ranks vs one process")
+        for r, (npz, _) in enumerate(res[1:], start=1):
+            np.testing.assert_array_equal(npz[f"param/{k}"], rank0[f"param/{k}"],
+                                          err_msg=f"{k} on rank {r}")
+
+
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_gradient_accumulation_reduces_once_per_step(tmp_path, n):
+    check_ok(run_mpi(n, "train.py", tmp_path, "parity", 3))
+    for _, meta in load_ranks(tmp_path, n):
+        assert meta["steps"] == 6
+        assert meta["all_reduce_calls"] == 6  # not 6 x 3 micro-batches
+        assert meta["collectives"] == 12  # and each is one fused reduce-scatter + allgather
+
+
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_rank_raising_mid_training_ends_the_job(tmp_path, n):
+    try:
+        result = run_mpi(n, "train.py", tmp_path, "raise", 3, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"mpiexec -n {n} hung after a rank raised during training")
+    assert result.returncode != 0
+    assert f"RuntimeError: data loader failed on rank {n - 1} at step 3" in result.stderr
+    # every rank completed steps 0-2, none got past the failed step
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"rank{r}_step{i}" for r in range(n) for i in range(3))
+
+
+def test_digits_example_reports_the_same_accuracy_on_every_rank():
+    example = Path(__file__).resolve().parents[1] / "examples" / "digits_distributed.py"
+    result = run_mpi(2, example, None, "--precision", "float", "--steps", "120")
+    check_ok(result)
+    accuracies = re.findall(r"rank (\d)/2: final test accuracy (\d\.\d+)", result.stdout)
+    assert [r for r, _ in accuracies] == ["0", "1"]
+    assert accuracies[0][1] == accuracies[1][1]
+    assert float(accuracies[0][1]) > 0.88  # 120 steps of batch 64 already learn the digits
+    assert "accuracy identical on every rank: yes" in result.stdout
+
+
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_overflow_streak_from_one_rank_is_diagnosed_alike_on_every_rank(tmp_path, n):
+    # Rank 1's batches overflow in backward for 5 steps; with diagnose_after=3 every rank
+    # diagnoses its own batch after the third. Only rank 1 reproduces the overflow, yet all
+    # ranks must keep training (a smaller scale fixes it) instead of some raising while the
+    # others wait in the next all-reduce.
+    check_ok(run_mpi(n, "train.py", tmp_path, "streak", BAD_RANK, BACKWARD_OVERFLOW,
+                     0, 1, 2, 3, 4))
+    res = load_ranks(tmp_path, n)
+    for r, (_, meta) in enumerate(res):
+        assert meta["skipped"] == [True] * 5 + [False] * 5, f"rank {r}"
+        assert meta["scale"] == res[0][1]["scale"]
+        assert meta["scale"][:5] == [1024.0, 512.0, 256.0, 128.0, 64.0]
+        assert meta["report_kind"] == ("overflow" if r == BAD_RANK else "not_reproduced")
+        assert meta["all_reduce_calls"] == 10 + 1  # one step each, plus the diagnosis vote
+    for k in (k for k in res[0][0] if k.startswith("param/")):
+        for npz, _ in res[1:]:
+            np.testing.assert_array_equal(npz[k], res[0][0][k])
