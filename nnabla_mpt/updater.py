@@ -373,14 +373,14 @@ class _LossScalingUpdater:
         loss_value = loss_sum / self.accum_grad
         loss_nonfinite = False
         if self.comm is not None:
-            local = self.enable_overflow_check and self.detector.check(solver)
+            local = self.enable_overflow_check and self._check_overflow()
             bad_loss = local and not self._losses_finite(loss, read_losses, loss_sum)
             self._flag.data = np.array([1.0 if local else 0.0, loss_value,
                                         1.0 if bad_loss else 0.0], dtype=np.float32)
             self.comm.all_reduce(self._reduce_list, division=False, inplace=True)
             flag, loss_total, bad_losses = (float(x) for x in self._flag.data)
             # Every rank decides on the same reduced values, so all take the same branch.
-            overflow = self.enable_overflow_check and (flag > 0.0 or self.detector.check(solver))
+            overflow = self.enable_overflow_check and (flag > 0.0 or self._check_overflow())
             loss_nonfinite = overflow and bad_losses > 0.0
             loss_value = loss_total / self.comm.size
         elif self.enable_overflow_check:
@@ -420,7 +420,7 @@ class _LossScalingUpdater:
         return math.isfinite(loss_sum) if read else _finite_loss(loss)
 
     def _make_overflow_check(self) -> Callable[[], bool]:
-        """The overflow check of a step without communicator.
+        """The overflow check of the solver's gradients (before and after the all-reduce).
 
         The detector's check; in inf/NaN mode that is the solver's own test, called
         directly. For a float32 CPU graph in inf/NaN mode with large gradient arrays, the same

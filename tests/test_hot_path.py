@@ -176,3 +176,56 @@ def test_squared_norm_reads_float16_gradients():
     expected = sum(float(np.sum(v.g.astype(np.float64) ** 2)) for v in params.values())
     assert expected > 0
     assert SquaredNorm(list(params.values())).value() == pytest.approx(expected, rel=1e-5)
+
+
+SUMMED_CHECK_WORKER = r'''
+import json
+import sys
+import numpy as np
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt.detector import _SummedInfNanCheck
+
+comm = MPICommunicator()
+x = nn.Variable((4, 128))
+h = F.relu(PF.affine(x, 128, name="fc1", rng=np.random.RandomState(1)))
+loss = F.mean(PF.affine(h, 10, name="fc2", rng=np.random.RandomState(2)) ** 2)
+solver = S.Sgd(0.01)
+solver.set_parameters(nn.get_parameters())
+
+
+def feed():
+    data = np.random.RandomState(100 * comm.rank + updater.steps).randn(4, 128)
+    # Rank 1's batch of step 3 overflows float32 in backward; its loss stays finite.
+    x.d = data * (1e9 if (comm.rank == 1 and updater.steps == 3) else 1.0)
+
+
+updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 100, N=100,
+                                    max_scale=2.0 ** 110, comm=comm, average_ranks=True)
+summed = isinstance(updater._check_overflow, _SummedInfNanCheck)
+skipped = [updater.update().skipped for _ in range(6)]
+digest = float(sum(np.abs(v.d).sum() for v in nn.get_parameters().values()))
+with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
+    json.dump({"rank": comm.rank, "summed": summed, "skipped": skipped,
+               "scale": updater.scale, "digest": digest}, f)
+'''
+
+
+def test_summed_check_decides_alike_on_every_rank(tmp_path):
+    import json
+
+    from mpi_helpers import check_ok, run_mpi
+
+    worker = tmp_path / "summed_check_worker.py"
+    worker.write_text(SUMMED_CHECK_WORKER)
+    check_ok(run_mpi(2, worker, tmp_path))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for r in ranks:
+        assert r["summed"] is True
+        assert r["skipped"] == [False, False, False, True, False, False]
+        assert r["scale"] == 2.0 ** 99
+    assert ranks[0]["digest"] == ranks[1]["digest"]
