@@ -21,6 +21,9 @@ _LAZY = {
     "OverflowReport": "diagnosis",
     "LossScaleCollapseError": "diagnosis",
     "MPICommunicator": "communicator",
+    "LossScaleCallback": "monitoring",
+    "LossScaleMonitor": "monitoring",
+    "LossScaleStats": "monitoring",
 }
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "FP16_MAX"] + list(_LAZY)

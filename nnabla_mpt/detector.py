@@ -15,7 +15,11 @@ class OverflowDetector:
     Modes:
 
     * ``"inf_nan"`` (default): a gradient holding inf or NaN is an overflow. The check is the
-      solver's own single pass over its gradients (``solver.check_inf_or_nan_grad()``).
+      solver's own single pass over its gradients (``solver.check_inf_or_nan_grad()``). On
+      a float32 CPU graph the updaters make the same decision faster: gradient arrays of
+      at least ``SUM_CHECK_MIN_SIZE`` elements are checked through their sum, which is
+      non-finite exactly when they hold inf or NaN (or when the float32 sum itself
+      overflows, beyond 3.4e38, which also counts as overflow).
     * ``"saturation"``: additionally, a gradient value with ``|g| >= threshold`` (by default
       65504, the largest float16) is an overflow. This is for hardware whose float16
       arithmetic saturates at the maximum instead of producing inf.
@@ -64,3 +68,47 @@ class OverflowDetector:
 
     def __repr__(self) -> str:
         return f"OverflowDetector(mode={self.mode!r}, threshold={self.threshold:g})"
+
+
+#: Gradient arrays at least this large are checked through a sum (see _SummedInfNanCheck).
+SUM_CHECK_MIN_SIZE = 1 << 14
+
+
+class _SummedInfNanCheck:
+    """The inf/NaN check of float32 CPU gradients, several times faster on large arrays.
+
+    ``solver.check_inf_or_nan_grad()`` tests every element (about 1 ns per element on CPU);
+    nnabla's ``F.sum`` reads an array about seven times faster but costs a few microseconds
+    per array. So arrays of at least ``min_size`` elements are summed in one prebuilt graph
+    (summing the sums) and the one-element total is tested; smaller arrays are tested
+    element-wise by a solver that holds only them. A sum is non-finite when an element is
+    inf or NaN (``inf + -inf`` is NaN), and otherwise only when the float32 sum itself
+    overflows, which needs gradients summing beyond 3.4e38: such a step counts as overflow.
+
+    Valid for gradients stored as float32 on the CPU only (the updater decides). The graph
+    reads the gradient arrays the parameters held when it was built; it is rebuilt when a
+    parameter's gradient array has been replaced since.
+
+    Args:
+        params: Mapping name -> ``nnabla.Variable``: the parameters whose gradients to check.
+        min_size: Arrays with at least this many elements are checked through the sum.
+    """
+
+    def __init__(self, params: Dict[str, object], min_size: int = SUM_CHECK_MIN_SIZE) -> None:
+        import nnabla.solvers as S
+
+        from ._gradsum import GradientSum
+
+        large = [v for v in params.values() if v.size >= min_size]
+        small = {name: v for name, v in params.items() if v.size < min_size}
+        self._small_solver = None
+        if small:
+            self._small_solver = S.Sgd(0.0)
+            self._small_solver.set_parameters(small)
+        self._sum = GradientSum(large) if large else None
+
+    def __call__(self) -> bool:
+        """True when a gradient holds inf or NaN (or the float32 sum overflows)."""
+        if self._small_solver is not None and self._small_solver.check_inf_or_nan_grad():
+            return True
+        return self._sum is not None and self._sum.nonfinite()

@@ -20,7 +20,8 @@ from nnabla.logger import logger
 
 from . import _validate as check
 from . import diagnosis
-from .detector import OverflowDetector, OverflowMode
+from ._gradsum import SquaredNorm
+from .detector import SUM_CHECK_MIN_SIZE, OverflowDetector, OverflowMode, _SummedInfNanCheck
 from .policy import DynamicLossScale, FixedLossScale
 from .precision import PrecisionSchedule
 
@@ -54,6 +55,24 @@ class StepResult:
     def updated(self) -> bool:
         """True when the solver updated the parameters."""
         return not self.skipped
+
+
+def _step_result(step: int, skipped: bool, scale: float, next_scale: float, attempts: int,
+                 precision: str) -> StepResult:
+    """``StepResult(...)`` for the step loop, without the frozen dataclass's per-field
+    ``object.__setattr__`` calls (a third of the cost); equal to the normal construction."""
+    result = _new_object(StepResult)
+    fields = result.__dict__
+    fields["step"] = step
+    fields["skipped"] = skipped
+    fields["scale"] = scale
+    fields["next_scale"] = next_scale
+    fields["attempts"] = attempts
+    fields["precision"] = precision
+    return result
+
+
+_new_object = object.__new__
 
 
 def _check_solver(solver) -> "Dict[str, nn.Variable]":
@@ -167,8 +186,33 @@ def _check_grads(grads, comm) -> Optional[List["nn.NdArray"]]:
     return list(grads)
 
 
+def _check_monitor(monitor):
+    if monitor is None or callable(monitor):
+        return monitor
+    hint = ""
+    if hasattr(monitor, "save_path"):
+        hint = (" (wrap an nnabla.monitor.Monitor in nnabla_mpt.LossScaleMonitor: "
+                "monitor=LossScaleMonitor(Monitor(path), interval=100))")
+    raise TypeError(f"monitor must be None or a callable taking one StepResult, got "
+                    f"{monitor!r} of type {type(monitor).__name__}{hint}")
+
+
 def _finite_loss(loss: "nn.Variable") -> bool:
     return bool(np.isfinite(loss.d).all())
+
+
+class _NumpySquaredNorm:
+    """Sum of the squared gradients read through NumPy, in float64 (non-CPU backends)."""
+
+    def __init__(self, params: "Dict[str, nn.Variable]") -> None:
+        self._params = params
+
+    def value(self) -> float:
+        total = 0.0
+        for v in self._params.values():
+            g = v.g.ravel().astype(np.float64)
+            total += float(np.dot(g, g))
+        return total
 
 
 def _fsync_dir(path: str) -> None:
@@ -204,7 +248,7 @@ class _LossScalingUpdater:
                  weight_decay, comm, grads, overflow_mode, enable_overflow_check,
                  clip_grad_norm, max_retries, average_accum, average_ranks,
                  accelerate_train_mode, total_steps, final_loss, high_precision_loss,
-                 floor_policy, diagnose_after) -> None:
+                 floor_policy, diagnose_after, monitor) -> None:
         self._params = _check_solver(solver)
         self.solver = solver
         self.loss = _check_loss(loss)
@@ -230,6 +274,9 @@ class _LossScalingUpdater:
         self.max_retries = check.integer("max_retries", max_retries, ge=0)
         self.average_accum = check.boolean("average_accum", average_accum)
         self.average_ranks = check.boolean("average_ranks", average_ranks)
+        self._monitor = _check_monitor(monitor)
+        self._check_overflow = self._make_overflow_check()
+        self._squared_norm = None          # built on first use by _grad_norm
         if self.comm is not None:
             self._reduce_list = list(self.grads if self.grads is not None
                                      else (v.grad for v in self._params.values()))
@@ -264,6 +311,11 @@ class _LossScalingUpdater:
         self.policy.set_loss_scale(value)
 
     @property
+    def monitor(self) -> Optional[Callable[[StepResult], Any]]:
+        """The step hook given as ``monitor=``, called with every step's result, or None."""
+        return self._monitor
+
+    @property
     def precision(self) -> str:
         """``"half"`` or ``"float"``: the precision the next step runs in."""
         if self.schedule is not None and not self.schedule.reduced(self.steps):
@@ -284,12 +336,12 @@ class _LossScalingUpdater:
         Returns:
             StepResult: whether the step was skipped and the scale it ran with.
         """
-        attempts = 0
-        while True:
+        result = self._step(1)
+        attempts = 1
+        while result.skipped and attempts <= self.max_retries:
             attempts += 1
             result = self._step(attempts)
-            if not result.skipped or attempts > self.max_retries:
-                return result
+        return result
 
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
@@ -321,21 +373,21 @@ class _LossScalingUpdater:
         loss_value = loss_sum / self.accum_grad
         loss_nonfinite = False
         if self.comm is not None:
-            local = self.enable_overflow_check and self.detector.check(solver)
+            local = self.enable_overflow_check and self._check_overflow()
             bad_loss = local and not self._losses_finite(loss, read_losses, loss_sum)
             self._flag.data = np.array([1.0 if local else 0.0, loss_value,
                                         1.0 if bad_loss else 0.0], dtype=np.float32)
             self.comm.all_reduce(self._reduce_list, division=False, inplace=True)
             flag, loss_total, bad_losses = (float(x) for x in self._flag.data)
             # Every rank decides on the same reduced values, so all take the same branch.
-            overflow = self.enable_overflow_check and (flag > 0.0 or self.detector.check(solver))
+            overflow = self.enable_overflow_check and (flag > 0.0 or self._check_overflow())
             loss_nonfinite = overflow and bad_losses > 0.0
             loss_value = loss_total / self.comm.size
         elif self.enable_overflow_check:
-            overflow = self.detector.check(solver)
+            overflow = self._check_overflow()
             loss_nonfinite = overflow and not self._losses_finite(loss, read_losses, loss_sum)
         scaled = precision != "float" or schedule is None
-        at_floor = scaled and self.policy.at_min_scale
+        at_floor = overflow and scaled and self.policy.at_min_scale    # read on overflow only
         # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
         if scaled and not loss_nonfinite:
             self.policy.update(overflow)
@@ -352,9 +404,12 @@ class _LossScalingUpdater:
             self.updates += 1
         if watch_loss and math.isfinite(loss_value):
             schedule.observe_loss(index, loss_value)
-        result = StepResult(step=index, skipped=overflow, scale=scale,
-                            next_scale=self.scale, attempts=attempts, precision=precision)
+        result = _step_result(index, overflow, scale,
+                              self.policy.get_loss_scale() if schedule is None else self.scale,
+                              attempts, precision)
         self.last_result = result
+        if self._monitor is not None:
+            self._monitor(result)
         if overflow:
             self._on_overflow(index, scale, loss, at_floor, loss_nonfinite)
         return result
@@ -363,6 +418,24 @@ class _LossScalingUpdater:
     def _losses_finite(loss: "nn.Variable", read: bool, loss_sum: float) -> bool:
         """Whether every micro-batch's loss was finite (called on overflow steps only)."""
         return math.isfinite(loss_sum) if read else _finite_loss(loss)
+
+    def _make_overflow_check(self) -> Callable[[], bool]:
+        """The overflow check of the solver's gradients (before and after the all-reduce).
+
+        The detector's check; in inf/NaN mode that is the solver's own test, called
+        directly. For a float32 CPU graph in inf/NaN mode with large gradient arrays, the same
+        decision is made with a sum over those arrays, several times faster than the
+        solver's element-wise test (see ``detector._SummedInfNanCheck``).
+        """
+        solver, detector = self.solver, self.detector
+        if detector.mode != "inf_nan":
+            return lambda: detector.check(solver)
+        parent = self.loss.parent
+        backend = list(parent.context.backend) if parent is not None else []
+        if (self.schedule is None and backend == ["cpu:float"]
+                and any(v.size >= SUM_CHECK_MIN_SIZE for v in self._params.values())):
+            return _SummedInfNanCheck(self._params)
+        return solver.check_inf_or_nan_grad
 
     def _unscale_factor(self, scale: float) -> float:
         divisor = scale
@@ -373,11 +446,16 @@ class _LossScalingUpdater:
         return 1.0 / divisor
 
     def _grad_norm(self) -> float:
-        total = 0.0
-        for v in self._params.values():
-            g = v.g
-            total += float(np.dot(g.ravel().astype(np.float64), g.ravel().astype(np.float64)))
-        return math.sqrt(total)
+        """Global L2 norm of the (still scaled) gradients of all the solver's parameters."""
+        if self._squared_norm is None:
+            parent = self.loss.parent
+            backend = list(parent.context.backend) if parent is not None else ["cpu:float"]
+            if backend[0].startswith("cpu:"):
+                # One prebuilt graph instead of one NumPy read per parameter.
+                self._squared_norm = SquaredNorm(list(self._params.values()))
+            else:
+                self._squared_norm = _NumpySquaredNorm(self._params)
+        return math.sqrt(self._squared_norm.value())
 
     def _apply(self, scale: float) -> None:
         factor = self._unscale_factor(scale)
@@ -668,6 +746,9 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
             lowering the scale (the policy is not updated for it).
         diagnose_after: Consecutive overflowing steps that trigger the diagnosis (>= 1).
             A single overflow is only skipped and counted.
+        monitor: A step hook: any callable, called once per step (after the step is
+            complete) with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a
+            :class:`LossScaleCallback`. None (default) costs one attribute test per step.
 
     Attributes:
         last_report: The :class:`~nnabla_mpt.diagnosis.OverflowReport` of the last
@@ -701,7 +782,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                  accelerate_train_mode: Optional[str] = None,
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
                  high_precision_loss: Optional["nn.Variable"] = None,
-                 floor_policy: FloorPolicy = "raise", diagnose_after: int = 8) -> None:
+                 floor_policy: FloorPolicy = "raise", diagnose_after: int = 8,
+                 monitor: Optional[Callable[[StepResult], Any]] = None) -> None:
         policy = _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis,
                                      min_scale, max_scale)
         super().__init__(solver, loss, data_feeder, policy, clear_buffer=clear_buffer,
@@ -712,7 +794,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                          average_ranks=average_ranks,
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
                          final_loss=final_loss, high_precision_loss=high_precision_loss,
-                         floor_policy=floor_policy, diagnose_after=diagnose_after)
+                         floor_policy=floor_policy, diagnose_after=diagnose_after,
+                         monitor=monitor)
 
     @property
     def scaling_factor(self) -> float:
@@ -746,8 +829,9 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
         **options: The keyword-only options of :class:`DynamicLossScalingUpdater` that do not
             concern a dynamic scale: ``overflow_mode``, ``clip_grad_norm``, ``max_retries``,
             ``average_accum``, ``average_ranks``, ``accelerate_train_mode``, ``total_steps``,
-            ``final_loss``, ``high_precision_loss``, ``floor_policy``, ``diagnose_after``
-            (a fixed scale has no floor: only the overflow streak triggers the diagnosis).
+            ``final_loss``, ``high_precision_loss``, ``monitor``, ``floor_policy``,
+            ``diagnose_after`` (a fixed scale has no floor: only the overflow streak
+            triggers the diagnosis).
     """
 
     def __init__(self, solver, loss, data_feeder: Optional[Callable[[], Any]] = None,
@@ -761,7 +845,8 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                  accelerate_train_mode: Optional[str] = None,
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
                  high_precision_loss: Optional["nn.Variable"] = None,
-                 floor_policy: FloorPolicy = "raise", diagnose_after: int = 8) -> None:
+                 floor_policy: FloorPolicy = "raise", diagnose_after: int = 8,
+                 monitor: Optional[Callable[[StepResult], Any]] = None) -> None:
         policy = FixedLossScale(scale)
         enable_overflow_check = check.boolean("enable_overflow_check", enable_overflow_check)
         if max_retries and not enable_overflow_check:
@@ -775,4 +860,5 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                          average_accum=average_accum, average_ranks=average_ranks,
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
                          final_loss=final_loss, high_precision_loss=high_precision_loss,
-                         floor_policy=floor_policy, diagnose_after=diagnose_after)
+                         floor_policy=floor_policy, diagnose_after=diagnose_after,
+                         monitor=monitor)

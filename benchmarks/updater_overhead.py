@@ -1,0 +1,197 @@
+"""Step time of DynamicLossScalingUpdater.update() against a hand-written loop and nnabla's
+experimental updater, in float (no overflow ever happens: this measures the bookkeeping).
+
+Contenders, each on its own copy of the same model with the same initial parameters and
+the same batch:
+
+* ``hand``   zero_grad, forward, backward(scale), scale_grad(1/scale), update; no check.
+* ``ours``   nnabla_mpt.DynamicLossScalingUpdater(...).update()
+* ``nnabla`` nnabla.experimental.mixed_precision_training.DynamicLossScalingUpdater
+
+They run interleaved in one process: hand, ours, nnabla, hand, ours, nnabla, ... Each turn
+times a block of steps; after the warm-up rounds the table reports the median step time of
+each contender and the median over rounds of the per-round ratios.
+
+With ``--with-clip`` a fourth contender, ours with ``clip_grad_norm`` (the global gradient
+norm computed every step), joins the rotation and the table adds its ratio to ours.
+
+Usage:
+    .venv/bin/python benchmarks/updater_overhead.py [--rounds 60] [--with-clip]
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+import nnabla as nn  # noqa: E402
+import nnabla.functions as F  # noqa: E402
+import nnabla.parametric_functions as PF  # noqa: E402
+import nnabla.solvers as S  # noqa: E402
+from nnabla.experimental.mixed_precision_training import (  # noqa: E402
+    DynamicLossScalingUpdater as NnablaUpdater)
+from nnabla.logger import logger  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from nnabla_mpt import DynamicLossScalingUpdater  # noqa: E402
+
+BATCH = 64
+SCALE = 8.0
+
+# name -> (input width, hidden widths, classes)
+MODELS = {
+    "mlp-1e4": (64, [64, 64], 10),           # 8,970 parameters in 6 arrays
+    "mlp-1e5": (128, [256, 256], 10),        # 101,386 parameters in 6 arrays
+    "mlp-1e6": (512, [768, 768], 10),        # 992,266 parameters in 6 arrays
+    "deep-narrow": (16, [16] * 99, 10),      # 27,114 parameters in 200 arrays
+}
+
+
+def build(scope, spec, seed):
+    """Builds one copy of the model under ``scope``; returns (loss, params, x, t)."""
+    width, hidden, classes = spec
+    rng = np.random.RandomState(seed)
+    x = nn.Variable.from_numpy_array(rng.randn(BATCH, width).astype(np.float32))
+    t = nn.Variable.from_numpy_array(rng.randint(0, classes, (BATCH, 1)).astype(np.int32))
+    with nn.parameter_scope(scope):
+        h = x
+        for i, w in enumerate(hidden):
+            h = F.relu(PF.affine(h, w, name=f"fc{i}",
+                                 rng=np.random.RandomState(seed + i)))
+        y = PF.affine(h, classes, name="out", rng=np.random.RandomState(seed + 1000))
+        params = nn.get_parameters()
+    loss = F.mean(F.softmax_cross_entropy(y, t))
+    return loss, params
+
+
+def make_solver(params):
+    solver = S.Momentum(1e-3, 0.9)
+    solver.set_parameters(params)
+    return solver
+
+
+def feed():
+    """The same no-op data feeder for every contender (the batch stays in place)."""
+
+
+def contenders(spec, seed, with_clip=False):
+    runs = {}
+
+    loss, params = build("hand", spec, seed)
+    solver = make_solver(params)
+
+    def hand(solver=solver, loss=loss):
+        solver.zero_grad()
+        feed()
+        loss.forward(clear_no_need_grad=True)
+        loss.backward(SCALE, clear_buffer=True)
+        solver.scale_grad(1.0 / SCALE)
+        solver.update()
+    runs["hand"] = hand
+
+    loss, params = build("ours", spec, seed)
+    ours = DynamicLossScalingUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
+    runs["ours"] = ours.update
+
+    loss, params = build("nnabla", spec, seed)
+    theirs = NnablaUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
+    runs["nnabla"] = theirs.update
+
+    if with_clip:
+        # The norm is computed every step; the bound is never reached.
+        loss, params = build("clip", spec, seed)
+        clipped = DynamicLossScalingUpdater(make_solver(params), loss, feed, scale=SCALE,
+                                            N=2000, clip_grad_norm=1e30)
+        runs["ours+clip"] = clipped.update
+    return runs, sum(v.size for v in params.values()), len(params)
+
+
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+clock = CLOCKS["cpu"]
+
+
+def time_block(fn, n):
+    start = clock()
+    for _ in range(n):
+        fn()
+    return (clock() - start) / n
+
+
+def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False):
+    nn.clear_parameters()
+    runs, n_params, n_arrays = contenders(spec, seed, with_clip)
+    names = list(runs)
+    # Steps per block: about block_ms of work, from a short probe.
+    probe = min(time_block(runs["hand"], 3) for _ in range(3))
+    n = max(1, int(block_ms / 1e3 / probe))
+    times = {k: [] for k in names}
+    for r in range(warmup + rounds):
+        for k in names:                          # hand, ours, nnabla, hand, ours, ...
+            t = time_block(runs[k], n)
+            if r >= warmup:
+                times[k].append(t)
+    ratio_hand = statistics.median(o / h for o, h in zip(times["ours"], times["hand"]))
+    ratio_nnabla = statistics.median(o / c for o, c in zip(times["ours"], times["nnabla"]))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio_clip = (statistics.median(c / o for c, o in zip(times["ours+clip"], times["ours"]))
+                  if with_clip else None)
+    return n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=60, help="timed rounds (default 60)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed rounds (default 5)")
+    parser.add_argument("--block-ms", type=float, default=40.0,
+                        help="approximate length of one timed block (default 40 ms)")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--with-clip", action="store_true",
+                        help="add a fourth contender: ours with clip_grad_norm (the global "
+                             "norm computed every step)")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="cpu",
+                        help="cpu: CPU time of this process (default; robust when other "
+                             "programs share the machine), wall: elapsed time")
+    args = parser.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
+    logger.setLevel("WARNING")
+
+    print(f"# updater step time, float, batch {BATCH}, Momentum; {args.rounds} rounds "
+          f"(+{args.warmup} warm-up) of interleaved blocks hand/ours/nnabla"
+          f"{'/ours+clip' if args.with_clip else ''}, "
+          f"{args.clock} clock")
+    print(f"# nnabla {nn.__version__}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs ({cpu_model()}), OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS')}")
+    header = (f"{'model':<12} {'params':>9} {'arrays':>6} {'steps/blk':>9} {'hand ms':>8} "
+              f"{'ours ms':>8} {'nnabla ms':>9} {'ours/hand':>9} {'ours/nnabla':>11}"
+              + (f" {'clip ms':>8} {'clip/ours':>9}" if args.with_clip else ""))
+    print(header)
+    print("-" * len(header))
+    for name in args.models:
+        n_params, n_arrays, n, med, rh, rn, rc = measure(
+            MODELS[name], args.rounds, args.warmup, args.block_ms, with_clip=args.with_clip)
+        print(f"{name:<12} {n_params:>9,} {n_arrays:>6} {n:>9} {med['hand'] * 1e3:>8.3f} "
+              f"{med['ours'] * 1e3:>8.3f} {med['nnabla'] * 1e3:>9.3f} {rh:>9.3f} {rn:>11.3f}"
+              + (f" {med['ours+clip'] * 1e3:>8.3f} {rc:>9.3f}" if args.with_clip else ""),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Watching the loss scale while training: step hooks for the updaters.
+
+An updater created with ``monitor=hook`` calls ``hook(result)`` once per step, after the step
+is complete, with the step's :class:`~nnabla_mpt.StepResult`. Any callable taking one
+argument is a hook. This module offers two that summarise the steps every ``interval`` steps:
+
+* :class:`LossScaleCallback` calls a function of yours with a :class:`LossScaleStats`.
+* :class:`LossScaleMonitor` writes the loss scale, the skipped steps and the overflow rate
+  as ``nnabla.monitor.MonitorSeries`` files.
+
+Windows follow the updater's step index: a summary is made after every step whose index
+``i`` satisfies ``(i + 1) % interval == 0``, so summaries land on the same steps whether the
+run is fresh or resumed from a checkpoint. :meth:`LossScaleCallback.flush` summarises the
+steps of an unfinished window, for the end of a run.
+
+This module does not import nnabla until a :class:`LossScaleMonitor` is created.
+
+Example:
+    >>> from nnabla_mpt import LossScaleCallback, StepResult
+    >>> seen = []
+    >>> hook = LossScaleCallback(seen.append, interval=2)
+    >>> hook(StepResult(step=0, skipped=True, scale=1024.0, next_scale=512.0))
+    >>> hook(StepResult(step=1, skipped=False, scale=512.0, next_scale=512.0))
+    >>> seen[0].step, seen[0].skipped, seen[0].overflow_rate, seen[0].scale
+    (1, 1, 0.5, 512.0)
+"""
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from . import _validate as check
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .updater import StepResult
+
+
+@dataclass(frozen=True)
+class LossScaleStats:
+    """A summary of the steps of one window.
+
+    Attributes:
+        step: Index of the last step of the window (the updater's step index, from 0).
+        steps: Steps in the window: ``interval``, or fewer for the first window of a hook
+            attached mid-run and for :meth:`LossScaleCallback.flush`.
+        skipped: Skipped (overflowing) steps in the window.
+        total_steps: Steps the hook has seen since it was created.
+        total_skipped: Skipped steps the hook has seen since it was created.
+        scale: The loss scale the last step of the window ran with.
+        next_scale: The loss scale of the step after the window.
+        min_scale: The smallest loss scale a step of the window ran with.
+        max_scale: The largest loss scale a step of the window ran with.
+    """
+    step: int
+    steps: int
+    skipped: int
+    total_steps: int
+    total_skipped: int
+    scale: float
+    next_scale: float
+    min_scale: float
+    max_scale: float
+
+    @property
+    def overflow_rate(self) -> float:
+        """Fraction of the window's steps that overflowed: ``skipped / steps``."""
+        return self.skipped / self.steps
+
+
+class LossScaleCallback:
+    """A step hook that calls ``callback(stats)`` every ``interval`` steps.
+
+    Pass it to an updater as ``monitor=``. ``stats`` is a :class:`LossScaleStats`.
+
+    Args:
+        callback: Called with one :class:`LossScaleStats` at the end of every window.
+        interval: Steps per window; ``>= 1``.
+
+    Raises:
+        TypeError, ValueError: an argument is not valid; the message names it.
+    """
+
+    def __init__(self, callback: Callable[[LossScaleStats], Any], interval: int = 100) -> None:
+        if not callable(callback):
+            raise TypeError(f"callback must be callable with one LossScaleStats argument, "
+                            f"got {callback!r} of type {type(callback).__name__}")
+        self.callback = callback
+        self.interval = check.integer("interval", interval, ge=1)
+        self.total_steps = 0
+        self.total_skipped = 0
+        self._last: Optional["StepResult"] = None
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._steps = 0
+        self._skipped = 0
+        self._min = float("inf")
+        self._max = float("-inf")
+
+    def __call__(self, result: "StepResult") -> None:
+        """Counts one step; at the end of a window, calls the callback."""
+        if self._last is not None and result.step <= self._last.step:
+            # The updater was rewound (e.g. a checkpoint was loaded): start a new window.
+            self._reset_window()
+        self._last = result
+        self._steps += 1
+        self.total_steps += 1
+        if result.skipped:
+            self._skipped += 1
+            self.total_skipped += 1
+        scale = result.scale
+        if scale < self._min:
+            self._min = scale
+        if scale > self._max:
+            self._max = scale
+        if (result.step + 1) % self.interval == 0:
+            self._emit()
+
+    def flush(self) -> Optional[LossScaleStats]:
+        """Summarises the steps of the current, unfinished window now.
+
+        Returns:
+            The :class:`LossScaleStats` passed to the callback, or None when the window holds
+            no step.
+        """
+        if self._steps == 0:
+            return None
+        return self._emit()
+
+    def _emit(self) -> LossScaleStats:
+        last = self._last
+        stats = LossScaleStats(step=last.step, steps=self._steps, skipped=self._skipped,
+                               total_steps=self.total_steps, total_skipped=self.total_skipped,
+                               scale=last.scale, next_scale=last.next_scale,
+                               min_scale=self._min, max_scale=self._max)
+        self._reset_window()
+        self.callback(stats)
+        return stats
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(callback={self.callback!r}, interval={self.interval})"
+
+
+class LossScaleMonitor(LossScaleCallback):
+    """A step hook writing loss-scale series with ``nnabla.monitor``.
+
+    Every ``interval`` steps it adds one line ``<step index> <value>`` to each of three
+    ``MonitorSeries`` files in ``monitor.save_path``:
+
+    * ``<prefix>-scale.series.txt``: the loss scale the window's last step ran with;
+    * ``<prefix>-skipped-steps.series.txt``: skipped steps since the hook was created
+      (cumulative);
+    * ``<prefix>-overflow-rate.series.txt``: fraction of the window's steps that overflowed.
+
+    ``MonitorSeries`` writes values with ``%g``, that is six significant digits.
+
+    Args:
+        monitor: An ``nnabla.monitor.Monitor`` (the output directory).
+        interval: Steps per window; ``>= 1``.
+        prefix: Start of the series names; a non-empty file name without path separators.
+        verbose: Also log every value with nnabla's logger (``MonitorSeries(verbose=...)``).
+
+    Raises:
+        TypeError, ValueError: an argument is not valid; the message names it.
+    """
+
+    def __init__(self, monitor: Any, interval: int = 100, prefix: str = "loss-scale",
+                 verbose: bool = False) -> None:
+        from nnabla.monitor import Monitor, MonitorSeries
+
+        if not isinstance(monitor, Monitor):
+            raise TypeError(f"monitor must be an nnabla.monitor.Monitor, got {monitor!r} of "
+                            f"type {type(monitor).__name__}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {prefix!r} of type "
+                            f"{type(prefix).__name__}")
+        if not prefix.strip() or "/" in prefix or os.sep in prefix:
+            raise ValueError(f"prefix must be a non-empty file name without path separators, "
+                             f"got {prefix!r}")
+        verbose = check.boolean("verbose", verbose)
+        super().__init__(self._write, interval)
+        self.monitor = monitor
+        self.prefix = prefix
+        self.series = {
+            key: MonitorSeries(f"{prefix}-{key}", monitor, interval=1, verbose=verbose)
+            for key in ("scale", "skipped-steps", "overflow-rate")}
+
+    def _write(self, stats: LossScaleStats) -> None:
+        for key, value in (("scale", stats.scale), ("skipped-steps", stats.total_skipped),
+                           ("overflow-rate", stats.overflow_rate)):
+            series = self.series[key]
+            # After a rewind the index may repeat; MonitorSeries would otherwise hold it back.
+            series.flush_at = min(series.flush_at, stats.step - 1)
+            series.add(stats.step, value)
+
+    def __repr__(self) -> str:
+        return (f"LossScaleMonitor(monitor=Monitor({self.monitor.save_path!r}), "
+                f"interval={self.interval}, prefix={self.prefix!r})")

@@ -1,0 +1,231 @@
+"""The step loop's hot path: the summed inf/NaN check on float32 CPU graphs, StepResult."""
+import numpy as np
+import pytest
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla.ext_utils import get_extension_context
+
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt.detector import SUM_CHECK_MIN_SIZE, _SummedInfNanCheck
+
+
+def net(width=128, batch=4):
+    """Two layers: W of 128x128 = 16384 elements (summed), 128x10 and biases (element-wise)."""
+    x = nn.Variable.from_numpy_array(
+        np.random.RandomState(0).randn(batch, width).astype(np.float32))
+    h = F.relu(PF.affine(x, width, name="fc1", rng=np.random.RandomState(1)))
+    loss = F.mean(PF.affine(h, 10, name="fc2", rng=np.random.RandomState(2)) ** 2)
+    solver = S.Sgd(0.01)
+    solver.set_parameters(nn.get_parameters())
+    return solver, loss, x
+
+
+def test_parameter_sizes_cover_both_paths():
+    solver, _, _ = net()
+    sizes = {k: v.size for k, v in solver.get_parameters().items()}
+    assert sizes["fc1/affine/W"] >= SUM_CHECK_MIN_SIZE
+    assert all(s < SUM_CHECK_MIN_SIZE for k, s in sizes.items() if k != "fc1/affine/W")
+
+
+CASES = {
+    "clean": [],
+    "inf in large": [("fc1/affine/W", (3, 7), np.inf)],
+    "-inf in large": [("fc1/affine/W", (127, 127), -np.inf)],
+    "nan in large": [("fc1/affine/W", (0, 0), np.nan)],
+    "inf and -inf in large": [("fc1/affine/W", (1, 1), np.inf),
+                              ("fc1/affine/W", (2, 2), -np.inf)],
+    "inf in small": [("fc2/affine/W", (5, 3), np.inf)],
+    "nan in small bias": [("fc1/affine/b", (9,), np.nan)],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_summed_check_agrees_with_the_solver(case):
+    solver, loss, _ = net()
+    params = solver.get_parameters()
+    check = _SummedInfNanCheck(params)
+    for step in range(3):            # the same graph, re-run over fresh gradients
+        solver.zero_grad()
+        loss.forward()
+        loss.backward(8.0)
+        for name, index, value in CASES[case]:
+            g = params[name].g
+            g[index] = value
+            params[name].g = g
+        expected = bool(CASES[case])
+        assert bool(solver.check_inf_or_nan_grad()) is expected
+        assert check() is expected
+
+
+def test_float32_sum_overflow_counts_as_overflow():
+    # The one documented difference: finite gradients whose float32 sum overflows.
+    solver, _, _ = net()
+    params = solver.get_parameters()
+    check = _SummedInfNanCheck(params)
+    for v in params.values():
+        v.g = np.zeros(v.shape, dtype=np.float32)
+    params["fc1/affine/W"].g = np.full((128, 128), 3e38, dtype=np.float32)
+    assert not solver.check_inf_or_nan_grad()
+    assert check() is True
+
+
+def test_replaced_gradient_array_is_followed():
+    solver, _, _ = net()
+    params = solver.get_parameters()
+    check = _SummedInfNanCheck(params)
+    for v in params.values():
+        v.g = np.zeros(v.shape, dtype=np.float32)
+    assert check() is False
+    bad = np.zeros((128, 128), dtype=np.float32)
+    bad[4, 4] = np.nan
+    params["fc1/affine/W"].grad = nn.NdArray.from_numpy_array(bad)
+    assert check() is True
+
+
+def test_float_updater_uses_it_and_skips_the_bad_step():
+    # A float32 overflow with a finite loss: scale 2**100, and at step 5 a batch 1e9 times
+    # larger, whose gradients (about 1e47 before unscaling) overflow to inf.
+    solver, loss, x = net()
+    batches = np.random.RandomState(3).randn(8, 4, 128).astype(np.float32)
+    batches[5] *= 1e9
+    fed = iter(batches)
+
+    def feed():
+        x.d = next(fed)
+
+    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 100, N=100,
+                                        max_scale=2.0 ** 110)
+    assert isinstance(updater._check_overflow, _SummedInfNanCheck)
+    params = solver.get_parameters()
+    before = None
+    skipped = []
+    for step in range(8):
+        if step == 5:
+            before = {k: v.d.copy() for k, v in params.items()}
+        skipped.append(updater.update().skipped)
+        if step == 5:
+            for k, v in params.items():
+                np.testing.assert_array_equal(v.d, before[k])
+    assert skipped == [False] * 5 + [True] + [False] * 2
+    assert updater.scale == 2.0 ** 99
+
+
+@pytest.mark.parametrize("kind", ["half", "saturation", "small"])
+def test_other_graphs_use_the_detector(kind):
+    if kind == "half":
+        nn.set_default_context(get_extension_context("cpu", type_config="half"))
+    solver, loss, _ = net(width=16 if kind == "small" else 128)
+    mode = "saturation" if kind == "saturation" else "inf_nan"
+    updater = FixedLossScalingUpdater(solver, loss, scale=8.0, overflow_mode=mode)
+    assert not isinstance(updater._check_overflow, _SummedInfNanCheck)
+    assert updater.update().skipped is False
+
+
+def test_step_loop_builds_the_same_step_result():
+    # The step loop builds StepResult without the dataclass __init__ (hot path); it must
+    # set exactly the dataclass's fields, so a new field breaks this test, not the results.
+    import dataclasses
+
+    from nnabla_mpt import StepResult
+    from nnabla_mpt.updater import _step_result
+
+    fast = _step_result(3, True, 1024.0, 512.0, 2, "half")
+    assert fast == StepResult(step=3, skipped=True, scale=1024.0, next_scale=512.0,
+                              attempts=2, precision="half")
+    assert list(vars(fast)) == [f.name for f in dataclasses.fields(StepResult)]
+    assert fast.updated is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.skipped = False
+
+
+@pytest.mark.parametrize("numpy_min_size", [1, 1 << 10, 1 << 30])
+def test_squared_norm_matches_numpy_over_steps(numpy_min_size):
+    # Graph path (small arrays), NumPy path (large ones) or a mix, over steps whose
+    # gradients are zeroed lazily and rewritten by backward.
+    from nnabla_mpt._gradsum import SquaredNorm
+
+    solver, loss, x = net()
+    params = solver.get_parameters()
+    norm = SquaredNorm(list(params.values()), numpy_min_size=numpy_min_size)
+    rng = np.random.RandomState(5)
+    for step in range(3):
+        x.d = rng.randn(*x.shape)
+        solver.zero_grad()
+        loss.forward()
+        loss.backward(2.0 ** step)
+        expected = sum(float(np.sum(v.g.astype(np.float64) ** 2)) for v in params.values())
+        assert norm.value() == pytest.approx(expected, rel=1e-5)
+    replaced = np.full((128, 10), 2.0, dtype=np.float32)
+    params["fc2/affine/W"].grad = nn.NdArray.from_numpy_array(replaced)
+    expected = sum(float(np.sum(v.g.astype(np.float64) ** 2)) for v in params.values())
+    assert norm.value() == pytest.approx(expected, rel=1e-5)
+
+
+def test_squared_norm_reads_float16_gradients():
+    from nnabla_mpt._gradsum import SquaredNorm
+
+    nn.set_default_context(get_extension_context("cpu", type_config="half"))
+    solver, loss, _ = net(width=32)
+    params = solver.get_parameters()
+    solver.zero_grad()
+    loss.forward()
+    loss.backward(64.0)
+    expected = sum(float(np.sum(v.g.astype(np.float64) ** 2)) for v in params.values())
+    assert expected > 0
+    assert SquaredNorm(list(params.values())).value() == pytest.approx(expected, rel=1e-5)
+
+
+SUMMED_CHECK_WORKER = r'''
+import json
+import sys
+import numpy as np
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt.detector import _SummedInfNanCheck
+
+comm = MPICommunicator()
+x = nn.Variable((4, 128))
+h = F.relu(PF.affine(x, 128, name="fc1", rng=np.random.RandomState(1)))
+loss = F.mean(PF.affine(h, 10, name="fc2", rng=np.random.RandomState(2)) ** 2)
+solver = S.Sgd(0.01)
+solver.set_parameters(nn.get_parameters())
+
+
+def feed():
+    data = np.random.RandomState(100 * comm.rank + updater.steps).randn(4, 128)
+    # Rank 1's batch of step 3 overflows float32 in backward; its loss stays finite.
+    x.d = data * (1e9 if (comm.rank == 1 and updater.steps == 3) else 1.0)
+
+
+updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 100, N=100,
+                                    max_scale=2.0 ** 110, comm=comm, average_ranks=True)
+summed = isinstance(updater._check_overflow, _SummedInfNanCheck)
+skipped = [updater.update().skipped for _ in range(6)]
+digest = float(sum(np.abs(v.d).sum() for v in nn.get_parameters().values()))
+with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
+    json.dump({"rank": comm.rank, "summed": summed, "skipped": skipped,
+               "scale": updater.scale, "digest": digest}, f)
+'''
+
+
+def test_summed_check_decides_alike_on_every_rank(tmp_path):
+    import json
+
+    from mpi_helpers import check_ok, run_mpi
+
+    worker = tmp_path / "summed_check_worker.py"
+    worker.write_text(SUMMED_CHECK_WORKER)
+    check_ok(run_mpi(2, worker, tmp_path))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for r in ranks:
+        assert r["summed"] is True
+        assert r["skipped"] == [False, False, False, True, False, False]
+        assert r["scale"] == 2.0 ** 99
+    assert ranks[0]["digest"] == ranks[1]["digest"]
