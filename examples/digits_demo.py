@@ -158,13 +158,17 @@ def make_solver(ctx, scope, lr):
 # ----------------------------------------------------------------------- training
 
 def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, progress=True,
-               schedule=None):
+               schedule=None, monitor_dir=None, monitor_interval=50):
     """Trains with :class:`DynamicLossScalingUpdater`; returns the per-step history.
 
     The history holds, per step, the loss divided by ``loss_divisor`` (the batch
     size for a summed loss: the loss per example), the scale the step ran with,
     the scale of the next step, whether the step was skipped and the precision it
     ran in.
+
+    With ``monitor_dir``, the loss scale, the skipped steps and the overflow rate are
+    written every ``monitor_interval`` steps as ``nnabla.monitor`` series there
+    (``loss-scale-scale.series.txt`` and siblings), next to the training loss.
 
     ``schedule`` optionally switches to full precision for the end of training: a
     dict with ``mode`` (``accelerate_train_mode``), ``graph`` (the same network
@@ -186,6 +190,14 @@ def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, pr
                        high_precision_loss=schedule["graph"]["loss"],
                        total_steps=steps if trigger == "step" else None,
                        final_loss=schedule["final_loss"])
+    hook, loss_series = None, None
+    if monitor_dir is not None:
+        from nnabla.monitor import Monitor, MonitorSeries
+        from nnabla_mpt import LossScaleMonitor
+        monitor = Monitor(monitor_dir)
+        hook = LossScaleMonitor(monitor, interval=monitor_interval)
+        loss_series = MonitorSeries("training-loss", monitor, interval=monitor_interval)
+        options["monitor"] = hook
     updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, scale=scale, N=interval,
                                         **options)
     history = {"loss": [], "scale": [], "next_scale": [], "skipped": [], "precision": []}
@@ -198,9 +210,13 @@ def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, pr
         history["next_scale"].append(float(result.next_scale))
         history["skipped"].append(bool(result.skipped))
         history["precision"].append(result.precision)
+        if loss_series is not None:
+            loss_series.add(result.step, history["loss"][-1])
         bar.set_postfix(loss="{:.3f}".format(history["loss"][-1]),
                         scale=format_scale(result.next_scale),
                         skipped=updater.skipped_steps, refresh=False)
+    if hook is not None:
+        hook.flush()        # summarise the last, unfinished window too
     return history
 
 
@@ -364,6 +380,8 @@ def report(summary):
         "",
         "  wrote {}".format(summary["files"]["plot"]),
         "  wrote {}".format(summary["files"]["summary"]),
+        "  wrote {}/ (nnabla.monitor series: loss scale, skipped steps, overflow rate, "
+        "loss)".format(summary["files"]["monitor"]),
     ]
     return "\n".join(lines)
 
@@ -398,9 +416,11 @@ def parse_args(argv=None):
                         "--final-loss")
     p.add_argument("--final-loss", type=float, default=None,
                    help="target loss per example, for a 'loss' trigger")
+    p.add_argument("--monitor-interval", type=int, default=50,
+                   help="steps between the nnabla.monitor records written to OUT/monitor")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    for name in ("steps", "batch_size", "interval"):
+    for name in ("steps", "batch_size", "interval", "monitor_interval"):
         if getattr(args, name) < 1:
             p.error("--{} must be >= 1, got {}".format(name.replace("_", "-"),
                                                        getattr(args, name)))
@@ -450,7 +470,9 @@ def main(argv=None):
     t0 = time.perf_counter()
     fp16 = train_fp16(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
                       args.steps, args.scale, args.interval, per_example,
-                      progress=not args.no_progress, schedule=schedule)
+                      progress=not args.no_progress, schedule=schedule,
+                      monitor_dir=os.path.join(args.out, "monitor"),
+                      monitor_interval=args.monitor_interval)
     t_fp16 = time.perf_counter() - t0
 
     # float run: same initial weights (same seed), same batches, own scope "float".
@@ -491,7 +513,8 @@ def main(argv=None):
                       "switch_step": (fp16["precision"].index("float")
                                       if "float" in fp16["precision"] else None)},
         "seconds": {"fp16": t_fp16, "float": t_float},  # "total" is added below
-        "files": {"plot": plot_path, "summary": summary_path},
+        "files": {"plot": plot_path, "summary": summary_path,
+                  "monitor": os.path.join(args.out, "monitor")},
     }
     summary["seconds"]["total"] = time.perf_counter() - started
     with open(summary_path, "w", encoding="utf-8") as fh:

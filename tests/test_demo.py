@@ -94,6 +94,33 @@ def test_skipped_steps_match_the_trajectory(short_run):
             assert not any(j in decreases for j in window), (i, sc["changes"])
 
 
+def read_series(path):
+    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    return {int(step): float(value) for step, value in rows}
+
+
+def test_monitor_series_match_the_trajectory(short_run):
+    """The demo feeds nnabla.monitor every 50 steps; the records agree with the run."""
+    out, summary, stdout = short_run
+    monitor = out / "monitor"
+    assert f"wrote {monitor}/" in stdout
+    sc, sk, steps = summary["loss_scale"], summary["skipped_steps"], summary["steps"]
+    used, _ = replay_scale(sc["initial"], sc["changes"], steps)
+    record_steps = [49, 99, steps - 1]          # two full windows of 50, then the flush
+    scale = read_series(monitor / "loss-scale-scale.series.txt")
+    skipped = read_series(monitor / "loss-scale-skipped-steps.series.txt")
+    rate = read_series(monitor / "loss-scale-overflow-rate.series.txt")
+    assert sorted(scale) == sorted(skipped) == sorted(rate) == record_steps
+    for step in record_steps:
+        assert scale[step] == pytest.approx(used[step], rel=1e-5)
+        assert skipped[step] == sum(1 for i in sk["steps"] if i <= step)
+    windows = [(0, 49), (50, 99), (100, steps - 1)]
+    for first, last in windows:
+        n = sum(1 for i in sk["steps"] if first <= i <= last)
+        assert rate[last] == pytest.approx(n / (last - first + 1), rel=1e-5)
+    assert (monitor / "training-loss.series.txt").stat().st_size > 0
+
+
 def test_report_and_plot(short_run):
     out, summary, stdout = short_run
     acc = summary["accuracy"]
