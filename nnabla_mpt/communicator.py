@@ -15,6 +15,8 @@ import numpy as np
 import nnabla as nn
 from nnabla.logger import logger
 
+from . import _fused
+
 __all__ = ["MPICommunicator"]
 
 Algorithm = Literal["reduce_scatter", "reduce_bcast"]
@@ -282,26 +284,20 @@ class MPICommunicator:
             return  # the sum over one rank is the array itself, and so is the average
 
         dtypes = [_dtype_of(a) for a in arrays]
-        dtype = _reduction_dtype(dtypes)
-        sizes = [a.size for a in arrays]
-        total = int(sum(sizes))
+        lay = _fused.layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
+        total = lay.total
         padded = -(-total // self._size) * self._size
-        buf = self._get_buffer(padded, dtype)
+        buf = self._get_buffer(padded, lay.dtype)
+        buf_ptr = buf.ctypes.data
         # each array is read in its own dtype; the copy converts to the buffer's
-        np.concatenate([self._host_view(a, dt) for a, dt in zip(arrays, dtypes)],
-                       out=buf[:total], casting="unsafe")
+        _fused.gather(lay, 0, total, buf, buf_ptr)
         buf[total:] = 0
 
         self._reduce(buf)
         if division:
             buf[:total] /= self._size
 
-        off = 0
-        with np.errstate(over="ignore"):  # a float16 result beyond 65504 becomes inf, by design
-            for a, dt, n in zip(arrays, dtypes, sizes):
-                out = self._host_view(a, dt, write_only=True)
-                np.copyto(out, buf[off:off + n], casting="unsafe")
-                off += n
+        _fused.scatter(lay, 0, total, buf, buf_ptr)
 
     def bcast(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]], src: int = 0,
               inplace: bool = False, group: str = "world") -> None:
