@@ -151,8 +151,8 @@ class MPICommunicator:
       barrier, rank ``i`` sums block ``i`` over all ranks' areas in rank order
       (``x0 + x1 + ...``) into a shared result area; after a second barrier every rank
       copies the result into its arrays. No data travels in MPI messages, and a call
-      costs two barriers per 4 MiB of buffer (the window holds one such area per rank
-      plus one; with more than 11 ranks the areas shrink to keep the window near 48
+      costs two barriers per 2 MiB of buffer (the window holds one such area per rank
+      plus one; with more than 23 ranks the areas shrink to keep the window near 48
       MiB). The ranks also compare the number of arrays and of elements they passed,
       and raise the same :class:`ValueError` on every rank if these differ.
     * ``algorithm="reduce_scatter"`` (chosen by ``"auto"`` across machines): the arrays

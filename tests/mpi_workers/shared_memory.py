@@ -31,9 +31,9 @@ def run(tag, inputs, division=False):
         out[f"{tag}_out{i}"] = a.get_data("r").copy() if a.size else np.zeros(0, x.dtype)
 
 
-# -- several chunks of the window: a float16 array straddles the first chunk boundary
-#    (1,048,576 elements for 4 MiB areas), a float32 one the second; an empty array and
-#    a one-element flag; values over a wide range so that the summation order matters
+# -- several chunks of the window: a float16 array straddles a chunk boundary (at
+#    1,048,576 elements for 2 or 4 MiB areas), and so do the float32 ones; an empty array
+#    and a one-element flag; values over a wide range so that the summation order matters
 rng = np.random.RandomState(10 + r)
 wide = (rng.randn(1_000_000) * 10.0 ** rng.uniform(-3, 3, 1_000_000)).astype(np.float32)
 half = (rng.randn(100_000) * 300).astype(np.float16)
@@ -41,7 +41,7 @@ rest = (rng.randn(1_500_000) * 10.0 ** rng.uniform(-3, 3, 1_500_000)).astype(np.
 run("big", [wide, half, rest, np.zeros(0, np.float32),
             np.array([float(r == n - 1)], np.float32)], division=True)
 
-# -- a float64 array makes the buffer float64 (two chunks of 524,288 elements)
+# -- a float64 array makes the buffer float64 (several chunks)
 rng = np.random.RandomState(20 + r)
 run("f64", [rng.randn(600_000), rng.randn(10).astype(np.float32)])
 
