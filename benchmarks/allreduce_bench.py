@@ -26,8 +26,9 @@ The ratios are per-array time / fused time (above 1: fusion is faster).
 
 A second table compares the fused schemes: shared memory (the default on one machine),
 reduce-scatter + allgather (the default across machines), reduce + bcast, and a plain
-in-place ``MPI_Allreduce`` of the fused buffer (not guaranteed bit-exact with more than
-two ranks, shown for reference). Each time is the slowest rank's, the tables show medians.
+in-place ``MPI_Allreduce`` of the copied buffer, for reference (the same on every rank
+with two ranks, where each element is one commutative addition, up to NaN payloads; not
+guaranteed with more). Each time is the slowest rank's, the tables show medians.
 """
 import argparse
 import platform

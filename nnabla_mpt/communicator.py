@@ -124,8 +124,10 @@ class MPICommunicator:
 
     **Fused reduction.** All arrays of one :meth:`all_reduce` call are reduced together,
     as one buffer laid end to end, with a fixed number of collectives, not one collective
-    per array. On two ranks of one machine this measured FIGURES-FUSED
-    (``benchmarks/README.md``).
+    per array. On two ranks of one machine (``benchmarks/README.md``) this measured
+    1.9–2.2× faster than one call per array for 50 arrays and 3.2–3.8× for 200, and
+    about as fast as a raw in-place ``MPI_Allreduce`` per array (0.9–1.4× its speed),
+    which copies nothing and guarantees neither float32 sums nor identical bits.
 
     **Reduction dtype.** The buffer is float32 even when the arrays are float16, so a
     sum of float16 gradients does not overflow merely because it is a sum (two ranks
