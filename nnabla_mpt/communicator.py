@@ -155,8 +155,9 @@ class MPICommunicator:
       copies the result into its arrays. No data travels in MPI messages, and a call
       costs two barriers per 2 MiB of buffer (the window holds one such area per rank
       plus one; with more than 23 ranks the areas shrink to keep the window near 48
-      MiB). The ranks also compare the number of arrays and of elements they passed,
-      and raise the same :class:`ValueError` on every rank if these differ.
+      MiB, allocated by the constructor and held until the program ends). The ranks also
+      compare the number of arrays and of elements they passed, and raise the same
+      :class:`ValueError` on every rank if these differ.
     * ``algorithm="reduce_scatter"`` (chosen by ``"auto"`` across machines): the arrays
       are copied into one contiguous buffer; ``Reduce_scatter_block`` leaves block ``i``
       of the sum on rank ``i`` only, then ``Allgather`` copies the blocks to all ranks,
