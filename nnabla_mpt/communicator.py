@@ -15,10 +15,12 @@ import numpy as np
 import nnabla as nn
 from nnabla.logger import logger
 
+from . import _fused
+
 __all__ = ["MPICommunicator"]
 
-Algorithm = Literal["reduce_scatter", "reduce_bcast"]
-_ALGORITHMS = ("reduce_scatter", "reduce_bcast")
+Algorithm = Literal["auto", "shared_memory", "reduce_scatter", "reduce_bcast"]
+_ALGORITHMS = ("auto", "shared_memory", "reduce_scatter", "reduce_bcast")
 _ABORT_GRACE_SECONDS = 0.2
 
 # The communicator that the process-wide exception hook aborts; set by the first
@@ -120,12 +122,12 @@ class MPICommunicator:
     :meth:`abort`, plus :meth:`broadcast_parameters` to start every rank from rank 0's
     parameters. It can therefore be passed as ``comm`` to the loss-scaling updaters.
 
-    **Fused reduction.** All arrays of one :meth:`all_reduce` call are copied into one
-    contiguous buffer and reduced with a single collective sequence, not one collective
-    per array. Against one call per array this saves a collective's latency per array
-    and measured 1.6–2.6× faster for 50 arrays and 2.3–4.7× for 200 on two ranks of one
-    machine (``benchmarks/README.md``); the price is one copy into the buffer and one
-    back.
+    **Fused reduction.** All arrays of one :meth:`all_reduce` call are reduced together,
+    as one buffer laid end to end, with a fixed number of collectives, not one collective
+    per array. On two ranks of one machine (``benchmarks/README.md``) this measured
+    1.9–2.2× faster than one call per array for 50 arrays and 3.2–3.8× for 200, and
+    about as fast as a raw in-place ``MPI_Allreduce`` per array (0.9–1.4× its speed),
+    which copies nothing and guarantees neither float32 sums nor identical bits.
 
     **Reduction dtype.** The buffer is float32 even when the arrays are float16, so a
     sum of float16 gradients does not overflow merely because it is a sum (two ranks
@@ -142,14 +144,26 @@ class MPICommunicator:
     a different order on different ranks; the MPI standard asks for identical results,
     but not every implementation and algorithm has delivered them (MPICH's
     recursive-exchange all-reduce did not until 2023, pmodels/mpich#6538). This class
-    does not rely on it: it uses a scheme in which every element of the result is
-    computed exactly once, on one rank, and then only copied:
+    does not rely on it: every scheme below computes every element of the result exactly
+    once, on one rank, and then only copies it:
 
-    * ``algorithm="reduce_scatter"`` (default): ``Reduce_scatter_block`` leaves block
-      ``i`` of the sum on rank ``i`` only, then ``Allgather`` copies the blocks to all
-      ranks. Its traffic is that of a ring all-reduce, and it was the fastest
-      bit-exact scheme measured.
-    * ``algorithm="reduce_bcast"``: ``Reduce`` to rank 0, then ``Bcast``.
+    * ``algorithm="shared_memory"`` (chosen by the default ``"auto"`` when all ranks run
+      on one machine): the ranks share an MPI shared-memory window. Each rank copies its
+      arrays (converted to the reduction dtype) into its own area of the window; after a
+      barrier, rank ``i`` sums block ``i`` over all ranks' areas in rank order
+      (``x0 + x1 + ...``) into a shared result area; after a second barrier every rank
+      copies the result into its arrays. No data travels in MPI messages, and a call
+      costs two barriers per 2 MiB of buffer (the window holds one such area per rank
+      plus one; with more than 23 ranks the areas shrink to keep the window near 48
+      MiB, allocated by the constructor and held until the program ends). The ranks also
+      compare the number of arrays and of elements they passed, and raise the same
+      :class:`ValueError` on every rank if these differ.
+    * ``algorithm="reduce_scatter"`` (chosen by ``"auto"`` across machines): the arrays
+      are copied into one contiguous buffer; ``Reduce_scatter_block`` leaves block ``i``
+      of the sum on rank ``i`` only, then ``Allgather`` copies the blocks to all ranks,
+      and the result is copied back. Its traffic is that of a ring all-reduce.
+    * ``algorithm="reduce_bcast"``: the same buffer, ``Reduce`` to rank 0, then
+      ``Bcast``.
 
     **Aborting on errors.** A rank that raises while the others wait in a collective
     would leave the job hanging forever. With ``abort_on_exception=True`` (the default)
@@ -161,13 +175,17 @@ class MPICommunicator:
     Args:
         comm: An ``mpi4py.MPI.Comm``; ``None`` means ``MPI.COMM_WORLD``.
         abort_on_exception: Install the exception hook described above.
-        algorithm: ``"reduce_scatter"`` or ``"reduce_bcast"``, see above.
+        algorithm: ``"auto"`` (default), ``"shared_memory"``, ``"reduce_scatter"`` or
+            ``"reduce_bcast"``, see above. ``"shared_memory"`` requires every rank on one
+            machine.
 
     Attributes:
         n_all_reduce_calls (int): Number of :meth:`all_reduce` calls so far.
         n_bcast_calls (int): Number of :meth:`bcast` calls so far (including those made by
             :meth:`broadcast_parameters`).
-        n_collectives (int): Number of MPI collective operations issued so far.
+        n_collectives (int): Number of MPI collective operations issued so far by the
+            methods of this object (barriers included; the constructor's set-up is not
+            counted).
 
     Example:
         Run with ``mpiexec -n 2 python train.py``::
@@ -182,7 +200,7 @@ class MPICommunicator:
     """
 
     def __init__(self, comm: Any = None, *, abort_on_exception: bool = True,
-                 algorithm: Algorithm = "reduce_scatter") -> None:
+                 algorithm: Algorithm = "auto") -> None:
         from mpi4py import MPI  # imported here so that importing nnabla_mpt never starts MPI
 
         _check_bool("abort_on_exception", abort_on_exception)
@@ -203,7 +221,17 @@ class MPICommunicator:
         self._local_rank = node.Get_rank()
         self._local_size = node.Get_size()
         node.Free()
-        self.algorithm: Algorithm = algorithm
+        one_node = self._local_size == self._size
+        if algorithm == "shared_memory" and not one_node:
+            raise ValueError(f"algorithm='shared_memory' needs every rank on one machine, "
+                             f"but this rank's machine runs {self._local_size} of the "
+                             f"{self._size} ranks")
+        if algorithm == "auto":
+            algorithm = "shared_memory" if one_node else "reduce_scatter"
+        self._algorithm = algorithm
+        self._shm = None
+        if algorithm == "shared_memory" and self._size > 1:
+            self._shm = _fused.SharedMemoryReduction(MPI, comm)
         self.n_all_reduce_calls = 0
         self.n_bcast_calls = 0
         self.n_collectives = 0
@@ -241,6 +269,12 @@ class MPICommunicator:
         return self._local_size
 
     @property
+    def algorithm(self) -> str:
+        """The reduction scheme in use: ``"shared_memory"``, ``"reduce_scatter"`` or
+        ``"reduce_bcast"`` (``"auto"`` is resolved at construction)."""
+        return self._algorithm
+
+    @property
     def name(self) -> str:
         """Communicator name."""
         return type(self).__name__
@@ -253,7 +287,7 @@ class MPICommunicator:
     def all_reduce(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]],
                    division: bool = False, inplace: bool = False,
                    group: str = "world") -> None:
-        """Sum arrays over all ranks, in place, as one fused buffer.
+        """Sum arrays over all ranks, in place, all arrays reduced together.
 
         Every array is read in its own dtype, summed in float32 (float64 if needed, see
         the class docstring), optionally divided by :attr:`size`, and written back in its
@@ -271,7 +305,9 @@ class MPICommunicator:
         Raises:
             TypeError: ``data`` is not an NdArray or a list of NdArrays, or a flag is not
                 a bool.
-            ValueError: ``data`` is empty or ``group`` is not ``"world"``.
+            ValueError: ``data`` is empty or ``group`` is not ``"world"``; or, with
+                ``algorithm="shared_memory"``, the ranks passed different numbers of
+                arrays or of elements (raised on every rank).
         """
         arrays = _as_ndarray_list(data)
         _check_bool("division", division)
@@ -282,26 +318,27 @@ class MPICommunicator:
             return  # the sum over one rank is the array itself, and so is the average
 
         dtypes = [_dtype_of(a) for a in arrays]
-        dtype = _reduction_dtype(dtypes)
-        sizes = [a.size for a in arrays]
-        total = int(sum(sizes))
+        lay = _fused.layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
+        if self._shm is not None:
+            before = self._shm.barriers
+            try:
+                self._shm.all_reduce(lay, len(arrays), division)
+            finally:
+                self.n_collectives += self._shm.barriers - before
+            return
+        total = lay.total
         padded = -(-total // self._size) * self._size
-        buf = self._get_buffer(padded, dtype)
+        buf = self._get_buffer(padded, lay.dtype)
+        buf_ptr = buf.ctypes.data
         # each array is read in its own dtype; the copy converts to the buffer's
-        np.concatenate([self._host_view(a, dt) for a, dt in zip(arrays, dtypes)],
-                       out=buf[:total], casting="unsafe")
+        _fused.gather(lay, 0, total, buf, buf_ptr)
         buf[total:] = 0
 
         self._reduce(buf)
         if division:
             buf[:total] /= self._size
 
-        off = 0
-        with np.errstate(over="ignore"):  # a float16 result beyond 65504 becomes inf, by design
-            for a, dt, n in zip(arrays, dtypes, sizes):
-                out = self._host_view(a, dt, write_only=True)
-                np.copyto(out, buf[off:off + n], casting="unsafe")
-                off += n
+        _fused.scatter(lay, 0, total, buf, buf_ptr)
 
     def bcast(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]], src: int = 0,
               inplace: bool = False, group: str = "world") -> None:
@@ -401,7 +438,7 @@ class MPICommunicator:
     # ------------------------------------------------------------------ internals
     def _reduce(self, buf: np.ndarray) -> None:
         MPI = self._MPI
-        if self.algorithm == "reduce_scatter":
+        if self._algorithm == "reduce_scatter":
             blk = self._get_block(buf.size // self._size, buf.dtype)
             self._comm.Reduce_scatter_block(buf, blk, op=MPI.SUM)
             self._comm.Allgather(blk, buf)
