@@ -12,6 +12,13 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 TIMEOUT = 120  # seconds; every launch is bounded so a hang fails the test instead of CI
 
 
+SHM = Path("/dev/shm")
+
+
+def _mpich_segments():
+    return set(SHM.glob("mpich_shm_*")) if SHM.is_dir() else set()
+
+
 def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
     """Launch ``mpiexec -n n python mpi_workers/<worker> <outdir> <args...>``.
 
@@ -31,6 +38,7 @@ def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
     script = WORKERS / worker  # an absolute path stays as it is
     cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(script),
            *([] if outdir is None else [str(outdir)]), *map(str, args)]
+    before = _mpich_segments()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env, start_new_session=True)
     try:
@@ -38,8 +46,21 @@ def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.communicate()
+        _remove_leftovers(before)
         raise
+    if proc.returncode != 0:
+        _remove_leftovers(before)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _remove_leftovers(before):
+    """An aborted MPICH job leaves its shared-memory segments behind; the job is over, so
+    the segments that appeared while it ran are its own and are removed."""
+    for path in _mpich_segments() - before:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def check_ok(result):
