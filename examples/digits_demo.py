@@ -196,7 +196,8 @@ def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, pr
         from nnabla_mpt import LossScaleMonitor
         monitor = Monitor(monitor_dir)
         hook = LossScaleMonitor(monitor, interval=monitor_interval)
-        loss_series = MonitorSeries("training-loss", monitor, interval=monitor_interval)
+        loss_series = MonitorSeries("training-loss", monitor, interval=monitor_interval,
+                                    verbose=False)
         options["monitor"] = hook
     updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, scale=scale, N=interval,
                                         **options)
