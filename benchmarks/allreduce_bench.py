@@ -82,6 +82,28 @@ def make_grads(shapes, rank):
     return grads
 
 
+def time_variants(world, variants, grads, views, warmup, reps):
+    """Median seconds of each variant, taking the slowest rank of every repetition.
+
+    The variants run interleaved (A B C A B C ...), each after a barrier. Before each run the
+    arrays are divided by the number of ranks, so repeated sums keep their magnitude.
+    """
+    size = world.Get_size()
+    times = {v: [] for v in variants}
+    for rep in range(warmup + reps):
+        for v, fn in variants.items():
+            for view in views:
+                view *= 1.0 / size
+            world.Barrier()
+            t0 = time.perf_counter()
+            fn(grads)
+            dt = time.perf_counter() - t0
+            if rep >= warmup:
+                times[v].append(dt)
+    slowest = {v: np.max(world.allgather(np.array(t)), axis=0) for v, t in times.items()}
+    return {v: float(np.median(t)) for v, t in slowest.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=60, help="timed repetitions per variant")
@@ -118,21 +140,9 @@ def main():
             "fused reduce+bcast": reduce_bcast.all_reduce,
             "fused plain Allreduce": plain.all_reduce,
         }
-        times = {v: [] for v in variants}
-        for rep in range(args.warmup + args.reps):
-            for v, fn in variants.items():
-                # keep magnitudes bounded: rescale instead of letting sums grow
-                for view in views:
-                    view *= 1.0 / size
-                world.Barrier()
-                t0 = time.perf_counter()
-                fn(grads)
-                dt = time.perf_counter() - t0
-                if rep >= args.warmup:
-                    times[v].append(dt)
-        slowest = {v: np.max(world.allgather(np.array(t)), axis=0) for v, t in times.items()}
         n_elems = int(sum(np.prod(s) for s in shapes))
-        results[name] = (len(shapes), n_elems, {v: float(np.median(t)) for v, t in slowest.items()})
+        results[name] = (len(shapes), n_elems,
+                         time_variants(world, variants, grads, views, args.warmup, args.reps))
 
     if rank != 0:
         return

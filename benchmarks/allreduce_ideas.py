@@ -25,13 +25,12 @@ Pointers are read with ``NdArray.data_ptr`` inside the timed region in every var
 """
 import argparse
 import ctypes
-import time
 
 import numpy as np
 from mpi4py import MPI
 from nnabla.ext_utils import get_extension_context
 
-from allreduce_bench import layouts, make_grads
+from allreduce_bench import layouts, make_grads, time_variants
 from nnabla_mpt import MPICommunicator
 
 F32 = np.dtype(np.float32)
@@ -156,19 +155,7 @@ def main():
                 np.testing.assert_array_equal(
                     x, (np.arange(x.size).reshape(x.shape) % 7) * size + size * (size - 1) / 2,
                     err_msg=v)
-        times = {v: [] for v in variants}
-        for rep in range(args.warmup + args.reps):
-            for v, fn in variants.items():
-                for x in views:
-                    x *= 1.0 / size
-                world.Barrier()
-                t0 = time.perf_counter()
-                fn(grads)
-                dt = time.perf_counter() - t0
-                if rep >= args.warmup:
-                    times[v].append(dt)
-        slowest = {v: np.max(world.allgather(np.array(t)), axis=0) for v, t in times.items()}
-        results[name] = {v: float(np.median(t)) for v, t in slowest.items()}
+        results[name] = time_variants(world, variants, grads, views, args.warmup, args.reps)
 
     if rank == 0:
         print(f"# {size} ranks, {args.reps} repetitions, median of the slowest rank, float32; "
