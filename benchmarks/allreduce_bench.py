@@ -31,7 +31,6 @@ with two ranks, where each element is one commutative addition, up to NaN payloa
 guaranteed with more). Each time is the slowest rank's, the tables show medians.
 """
 import argparse
-import platform
 import time
 
 import numpy as np
@@ -39,6 +38,7 @@ import numpy as np
 import nnabla as nn
 from mpi4py import MPI
 
+from _machine import cpu_model
 from nnabla_mpt import MPICommunicator
 
 
@@ -146,12 +146,7 @@ def main():
 
     if rank != 0:
         return
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     import os
     print(f"# {size} ranks, {os.cpu_count()} CPUs ({cpu}), {args.reps} repetitions, "
           f"median of the slowest rank, float32 gradients; default scheme: {comm.algorithm}")

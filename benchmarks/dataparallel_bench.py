@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _machine import cpu_model
+
 
 def worker(args):
     import nnabla as nn
@@ -95,12 +97,7 @@ def driver(args):
                 raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
             line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
             results[n].append(json.loads(line))
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     print(f"# {os.cpu_count()} CPUs ({cpu}), OMP_NUM_THREADS=1 per rank, float MLP "
           f"784-1024-1024-10, batch {args.batch} per rank, {args.steps} timed steps, "
           f"median of {args.reps} alternating runs")

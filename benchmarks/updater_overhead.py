@@ -38,6 +38,7 @@ from nnabla.experimental.mixed_precision_training import (  # noqa: E402
 from nnabla.logger import logger  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from _machine import cpu_model  # noqa: E402
 from nnabla_mpt import DynamicLossScalingUpdater  # noqa: E402
 
 BATCH = 64
@@ -141,17 +142,6 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False):
     ratio_clip = (statistics.median(c / o for c, o in zip(times["ours+clip"], times["ours"]))
                   if with_clip else None)
     return n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv=None):
