@@ -70,6 +70,20 @@ def check_ok(result):
                              f"{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}")
 
 
+def run_workers_once(n, worker, tmp_path_factory):
+    """Run ``mpi_workers/<worker>`` under ``n`` ranks into a fresh folder; per-rank results
+    (see :func:`load_ranks`). For module-scoped fixtures shared by several tests."""
+    outdir = tmp_path_factory.mktemp(f"{worker.rsplit('.', 1)[0]}_np{n}")
+    check_ok(run_mpi(n, worker, outdir))
+    return load_ranks(outdir, n)
+
+
+def bits(x):
+    """The array's bit patterns (unsigned integers), for bit-for-bit comparisons."""
+    x = np.ascontiguousarray(x)
+    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+
+
 def load_ranks(outdir, n, stem="rank"):
     """Per-rank results written by the workers: list of (npz dict, json dict)."""
     res = []

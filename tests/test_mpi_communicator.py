@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from mpi_helpers import TIMEOUT, check_ok, load_ranks, run_mpi
+from mpi_helpers import TIMEOUT, bits, run_mpi, run_workers_once
 
 RANKS = [2, 3]
 
@@ -18,21 +18,14 @@ RANKS = [2, 3]
 def collectives(request, tmp_path_factory):
     """Run tests/mpi_workers/collectives.py once per rank count; per-rank results."""
     n = request.param
-    outdir = tmp_path_factory.mktemp(f"collectives_np{n}")
-    check_ok(run_mpi(n, "collectives.py", outdir))
-    return n, load_ranks(outdir, n)
-
-
-def _bits(x):
-    x = np.ascontiguousarray(x)
-    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+    return n, run_workers_once(n, "collectives.py", tmp_path_factory)
 
 
 def _assert_same_bits_on_all_ranks(res, key):
     ref = res[0][0][key]
     for r, (npz, _) in enumerate(res[1:], start=1):
         assert npz[key].dtype == ref.dtype, (key, r)
-        np.testing.assert_array_equal(_bits(npz[key]), _bits(ref),
+        np.testing.assert_array_equal(bits(npz[key]), bits(ref),
                                       err_msg=f"{key}: rank {r} differs from rank 0")
 
 
@@ -150,7 +143,7 @@ def test_bcast_copies_bits_and_dtype_from_src(collectives):
         for r, (npz, meta) in enumerate(res):
             got = npz[f"bcast_out{i}"]
             assert got.dtype == sent.dtype, (i, r)
-            np.testing.assert_array_equal(_bits(got), _bits(sent))
+            np.testing.assert_array_equal(bits(got), bits(sent))
     for _, meta in res:
         assert meta["bcast_dtypes"] == ["float32", "float16", "float16"]
         assert meta["bcast_calls"] == 1
@@ -171,8 +164,8 @@ def test_broadcast_parameters_from_rank0(collectives):
         # ranks really started from different values
         assert not np.array_equal(res[0][0][f"bp_before/{k}"], res[1][0][f"bp_before/{k}"])
         for npz, _ in res:
-            np.testing.assert_array_equal(_bits(npz[f"bp_after/{k}"]),
-                                          _bits(res[0][0][f"bp_before/{k}"]))
+            np.testing.assert_array_equal(bits(npz[f"bp_after/{k}"]),
+                                          bits(res[0][0][f"bp_before/{k}"]))
 
 
 def test_half_precision_gradients_are_reduced_and_used_by_the_solver(collectives):

@@ -6,7 +6,7 @@ an array needs it): the tests compute that exact sum with NumPy and compare bit 
 import numpy as np
 import pytest
 
-from mpi_helpers import check_ok, load_ranks, run_mpi
+from mpi_helpers import bits, run_workers_once
 from nnabla_mpt._fused import shm_area_bytes
 
 RANKS = [2, 3]
@@ -15,14 +15,7 @@ RANKS = [2, 3]
 @pytest.fixture(scope="module", params=RANKS, ids=lambda n: f"np{n}")
 def shm(request, tmp_path_factory):
     n = request.param
-    outdir = tmp_path_factory.mktemp(f"shared_memory_np{n}")
-    check_ok(run_mpi(n, "shared_memory.py", outdir))
-    return n, load_ranks(outdir, n)
-
-
-def _bits(x):
-    x = np.ascontiguousarray(x)
-    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+    return n, run_workers_once(n, "shared_memory.py", tmp_path_factory)
 
 
 def _rank_order_sum(xs, dtype):
@@ -44,7 +37,7 @@ def _check_exact(res, tag, n_arrays, dtype, division=False):
         for r, (npz, _) in enumerate(res):
             got = npz[f"{tag}_out{i}"]
             assert got.dtype == ins[0].dtype, (tag, i, r)
-            np.testing.assert_array_equal(_bits(got), _bits(expected),
+            np.testing.assert_array_equal(bits(got), bits(expected),
                                           err_msg=f"{tag} array {i} on rank {r}")
 
 
