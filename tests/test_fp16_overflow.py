@@ -31,6 +31,18 @@ def _half_linear_net(scope="net"):
 LARGE_OVERFLOWS = 4096.0
 
 
+def _assert_equals_one_clean_step(net, solver, batch):
+    """``net`` and its Adam ``solver`` hold exactly what one clean step on ``batch`` from
+    the initial parameters gives (checked against a fresh copy of the net)."""
+    clean = _half_linear_net(scope="clean")
+    clean_solver = clean.solver("Adam", alpha=1e-2)
+    clean.calls = batch
+    FixedLossScalingUpdater(clean_solver, clean.loss, clean.feeder,
+                            scale=LARGE_OVERFLOWS).update()
+    assert_bitwise_equal(net.snapshot(), clean.snapshot())
+    assert_states_bitwise_equal(solver_states(solver), solver_states(clean_solver))
+
+
 def _all_finite(params):
     return all(np.isfinite(v.d).all() for v in params.values())
 
@@ -221,13 +233,7 @@ def test_retry_returns_the_first_updated_step():
     assert (updater.steps, updater.updates, updater.skipped_steps, updater.overflow_streak,
             updater.longest_overflow_streak) == (4, 1, 3, 0, 3)
     # The result equals one clean step on batch 3: nothing of the skipped attempts remains.
-    clean = _half_linear_net(scope="clean")
-    clean_solver = clean.solver("Adam", alpha=1e-2)
-    clean.calls = 3
-    FixedLossScalingUpdater(clean_solver, clean.loss, clean.feeder,
-                            scale=LARGE_OVERFLOWS).update()
-    assert_bitwise_equal(net.snapshot(), clean.snapshot())
-    assert_states_bitwise_equal(solver_states(solver), solver_states(clean_solver))
+    _assert_equals_one_clean_step(net, solver, batch=3)
 
 
 def test_retry_counts_attempts_with_accumulation_and_a_dynamic_scale():
@@ -289,13 +295,7 @@ def test_stale_overflow_does_not_leak_into_the_next_step():
     assert updater.detector.nonfinite_params(net.params)     # inf left in the gradients
     assert updater.update().updated
     assert _all_finite(net.params)
-    clean = _half_linear_net(scope="clean")
-    clean_solver = clean.solver("Adam", alpha=1e-2)
-    clean.calls = 1
-    FixedLossScalingUpdater(clean_solver, clean.loss, clean.feeder,
-                            scale=LARGE_OVERFLOWS).update()
-    assert_bitwise_equal(net.snapshot(), clean.snapshot())
-    assert_states_bitwise_equal(solver_states(solver), solver_states(clean_solver))
+    _assert_equals_one_clean_step(net, solver, batch=1)
 
 
 def test_a_non_finite_loss_is_skipped_without_lowering_the_scale():
