@@ -97,20 +97,28 @@ def _check_loss(loss) -> "nn.Variable":
     return loss
 
 
+def _backend_of(loss: "nn.Variable") -> List[str]:
+    """The backends (``"cpu:half"``, ...) of the function producing ``loss``; empty when
+    ``loss`` is a leaf."""
+    parent = loss.parent
+    return [] if parent is None else list(parent.context.backend)
+
+
 def _precision_of(loss: "nn.Variable") -> str:
     """``"half"`` when the function producing ``loss`` runs on a half backend."""
-    parent = loss.parent
-    if parent is None:
-        return "float"
-    backend = list(parent.context.backend)
+    backend = _backend_of(loss)
     return "half" if backend and backend[0].endswith(":half") else "float"
+
+
+def _extension_of(loss: "nn.Variable") -> str:
+    """The extension (``"cpu"``, ``"cudnn"``, ...) ``loss`` is computed with."""
+    backend = _backend_of(loss)
+    return backend[0].split(":")[0] if backend else "cpu"
 
 
 def _backend_has_bfloat16(loss: "nn.Variable") -> bool:
     from nnabla.ext_utils import get_extension_context
-    parent = loss.parent
-    backend = list(parent.context.backend) if parent is not None else ["cpu:float"]
-    extension = backend[0].split(":")[0] if backend else "cpu"
+    extension = _extension_of(loss)
     try:
         get_extension_context(extension, type_config="bfloat16")
     except (ValueError, ImportError):
@@ -138,9 +146,8 @@ def _make_schedule(mode, total_steps, final_loss, loss, high_precision_loss, par
         return None, None
     schedule = PrecisionSchedule(mode, total_steps=total_steps, final_loss=final_loss)
     if schedule.mode.type == "fast1" and not _backend_has_bfloat16(loss):
-        backend = loss.parent.context.backend[0] if loss.parent is not None else "cpu"
         raise ValueError(f"accelerate_train_mode={mode!r} asks for bfloat16 ('fast1'), but "
-                         f"the backend {backend.split(':')[0]!r} of this nnabla has no "
+                         f"the backend {_extension_of(loss)!r} of this nnabla has no "
                          f"bfloat16 type; use 'fast' (float16) instead")
     if _precision_of(loss) != "half":
         raise ValueError(f"accelerate_train_mode={mode!r} needs loss built under a half "
@@ -430,9 +437,7 @@ class _LossScalingUpdater:
         solver, detector = self.solver, self.detector
         if detector.mode != "inf_nan":
             return lambda: detector.check(solver)
-        parent = self.loss.parent
-        backend = list(parent.context.backend) if parent is not None else []
-        if (self.schedule is None and backend == ["cpu:float"]
+        if (self.schedule is None and _backend_of(self.loss) == ["cpu:float"]
                 and any(v.size >= SUM_CHECK_MIN_SIZE for v in self._params.values())):
             return _SummedInfNanCheck(self._params)
         return solver.check_inf_or_nan_grad
@@ -448,9 +453,7 @@ class _LossScalingUpdater:
     def _grad_norm(self) -> float:
         """Global L2 norm of the (still scaled) gradients of all the solver's parameters."""
         if self._squared_norm is None:
-            parent = self.loss.parent
-            backend = list(parent.context.backend) if parent is not None else ["cpu:float"]
-            if backend[0].startswith("cpu:"):
+            if _extension_of(self.loss) == "cpu":
                 # One prebuilt graph instead of one NumPy read per parameter.
                 self._squared_norm = SquaredNorm(list(self._params.values()))
             else:
