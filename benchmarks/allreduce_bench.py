@@ -14,13 +14,17 @@ Three gradient layouts with realistic shapes (float32):
 
 For each layout it times, interleaved repetition by repetition:
 
-* ``fused``: ``MPICommunicator().all_reduce(grads)`` with the default scheme (on one
-  machine: through shared memory), copies into and out of the fused buffer included;
-* ``per-array comm``: the same communicator's ``all_reduce([g])`` once per array, i.e. the
-  same reduction (float32, bit-exact) without fusion;
-* ``per-array raw MPI``: ``MPI_Allreduce`` in place on every array's own memory, one call
-  per array: no copies, no widening of float16, no bit-exactness guarantee; a lower bound
-  for any unfused loop.
+* ``fused``: ``MPICommunicator().all_reduce(shared.arrays)`` on gradients placed in shared
+  memory by ``comm.share_grads(params)``, as the updaters do on float32 graphs: the sums
+  are made where the gradients are, nothing is copied;
+* ``fused, own memory``: the same call on ordinary nnabla gradient arrays (the default
+  scheme, on one machine through shared memory: copies into and out of it included);
+* ``per-array comm``: the same communicator's ``all_reduce([g])`` once per ordinary array,
+  i.e. the same reduction (float32, bit-exact) without fusion;
+* ``per-array raw MPI``: ``MPI_Allreduce`` in place on every ordinary array's own memory,
+  one call per array: no copies, no widening of float16, no bit-exactness guarantee;
+* ``per-array, shared``: ``all_reduce([g])`` once per array of the shared gradients (each
+  call sums its one array in place): what fusion alone gains once nothing is copied.
 
 The ratios are per-array time / fused time (above 1: fusion is faster).
 
@@ -70,6 +74,28 @@ class PlainAllreduceCommunicator(MPICommunicator):
     def _reduce(self, buf):
         self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
         self.n_collectives += 1
+
+
+def host_views(arrays):
+    """Flat float32 NumPy views of the arrays' host memory (taken once, outside the timings)."""
+    import ctypes
+    from nnabla.ext_utils import get_extension_context
+    ctx = get_extension_context("cpu")
+    views = []
+    for a in arrays:
+        ptr = a.data_ptr(np.float32, ctx, False)
+        views.append(np.frombuffer((ctypes.c_float * a.size).from_address(ptr), np.float32))
+    return views
+
+
+def shared_grads(comm, grads):
+    """Parameters with these gradients' values, their gradients placed by ``share_grads``."""
+    params = []
+    for g in grads:
+        v = nn.Variable(g.shape)
+        v.g = g.get_data("r")
+        params.append(v)
+    return comm.share_grads(params)
 
 
 def make_grads(shapes, rank):
@@ -123,16 +149,27 @@ def main():
         # numpy views of the arrays' memory, taken once (outside the timings) so that the
         # unfused baseline pays for nothing but MPI
         views = [g.get_data("rw") for g in grads]
+        shared = shared_grads(comm, grads)
+        views += host_views(shared.arrays)
 
         def per_array_mpi(grads):
-            for v in views:
+            for v in views[:len(grads)]:
                 world.Allreduce(MPI.IN_PLACE, v, op=MPI.SUM)
 
         def per_array_comm(grads):
             for g in grads:
                 comm.all_reduce([g])
 
+        def fused_shared(grads):
+            comm.all_reduce(shared.arrays)
+
+        def per_array_shared(grads):
+            for g in shared.arrays:
+                comm.all_reduce([g])
+
         variants = {
+            "fused shared": fused_shared,
+            "per-array shared": per_array_shared,
             "fused": comm.all_reduce,
             "per-array MPI": per_array_mpi,
             "per-array comm": per_array_comm,
@@ -141,8 +178,13 @@ def main():
             "fused plain Allreduce": plain.all_reduce,
         }
         n_elems = int(sum(np.prod(s) for s in shapes))
+        in_place = comm._shm.in_place_calls if comm._shm is not None else 0
         results[name] = (len(shapes), n_elems,
                          time_variants(world, variants, grads, views, args.warmup, args.reps))
+        calls = (args.warmup + args.reps) * (1 + len(shapes))
+        if comm._shm is not None and comm._shm.in_place_calls - in_place != calls:
+            raise RuntimeError(f"{name}: {comm._shm.in_place_calls - in_place} of {calls} calls "
+                               f"on the shared gradients were reduced in place")
 
     if rank != 0:
         return
@@ -152,12 +194,17 @@ def main():
           f"median of the slowest rank, float32 gradients; default scheme: {comm.algorithm}")
     print()
     print("| layout | arrays | elements | fused (ms) | per-array comm (ms) | ratio "
-          "| per-array raw MPI (ms) | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| per-array raw MPI (ms) | ratio | per-array, shared (ms) | ratio "
+          "| fused, own memory (ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, (k, n, t) in results.items():
-        f, c, m = t["fused"], t["per-array comm"], t["per-array MPI"]
+        f, c, m = t["fused shared"], t["per-array comm"], t["per-array MPI"]
+        ps, fo = t["per-array shared"], t["fused"]
         print(f"| {name} | {k} | {n:,} | {f * 1e3:.2f} | {c * 1e3:.2f} | {c / f:.1f}x "
-              f"| {m * 1e3:.2f} | {m / f:.1f}x |")
+              f"| {m * 1e3:.2f} | {m / f:.1f}x | {ps * 1e3:.2f} | {ps / f:.1f}x "
+              f"| {fo * 1e3:.2f} |")
+    print()
+    print("Fused call on gradients in their own memory, by scheme:")
     print()
     print(f"| layout | {comm.algorithm} (ms) | reduce-scatter+allgather (ms) | reduce+bcast (ms) "
           "| plain Allreduce (ms) |")

@@ -21,6 +21,7 @@ _LAZY = {
     "OverflowReport": "diagnosis",
     "LossScaleCollapseError": "diagnosis",
     "MPICommunicator": "communicator",
+    "SharedGradients": "communicator",
     "LossScaleCallback": "monitoring",
     "LossScaleMonitor": "monitoring",
     "LossScaleStats": "monitoring",

@@ -11,7 +11,8 @@ as much as the pointer itself and an array in the reduction dtype is copied with
 ``memmove``.
 
 :class:`SharedMemoryReduction` reduces such a buffer among the ranks of one machine
-through an MPI shared-memory window, without MPI messages.
+through an MPI shared-memory window, without MPI messages. :class:`SharedArrays` lays
+the gradients themselves out in such a window, so that a call on them copies nothing.
 """
 import bisect
 import ctypes
@@ -127,7 +128,9 @@ def scatter(lay: Layout, lo: int, hi: int, src: np.ndarray, src_ptr: int) -> Non
 SHM_NODE_BUDGET_BYTES = 48 << 20
 SHM_AREA_MIN_BYTES = 256 << 10
 SHM_AREA_MAX_BYTES = 2 << 20
-_HEADER_BYTES = 64  # two slots of four int64
+_HEADER_INTS = 8
+_HEADER_BYTES = 2 * 8 * _HEADER_INTS  # two slots of eight int64
+_ALIGN = 16  # elements: every array of a SharedArrays starts on a 64-byte boundary
 
 
 def shm_area_bytes(size: int) -> int:
@@ -190,12 +193,13 @@ class SharedMemoryReduction:
         mems = [np.frombuffer(self._win.Shared_query(j)[0], np.uint8)
                 for j in range(self._size)]
         h, a = _HEADER_BYTES, self.area_bytes
-        self._headers = [m[:h].view(np.int64).reshape(2, 4) for m in mems]
+        self._headers = [m[:h].view(np.int64).reshape(2, _HEADER_INTS) for m in mems]
         self._inputs = [m[h:h + a] for m in mems]
         self._result = mems[0][h + a:h + 2 * a]
         self._typed = {}
         self._slot = 0
         self.barriers = 0  # barriers issued so far (the only collectives of a reduction)
+        self.in_place_calls = 0  # calls reduced inside a SharedArrays, without copies
 
     def _areas(self, dtype: np.dtype):
         views = self._typed.get(dtype)
@@ -212,8 +216,14 @@ class SharedMemoryReduction:
         self.barriers += 1
         self._win.Sync()
 
-    def all_reduce(self, lay: Layout, n_arrays: int, division: bool) -> None:
+    def all_reduce(self, lay: Layout, n_arrays: int, division: bool, place=None) -> None:
         """Sum (or average) the arrays of ``lay`` over the ranks, in place.
+
+        ``place`` is ``(shared, lo, hi)`` when the arrays are the consecutive arrays of a
+        :class:`SharedArrays` that span its elements ``[lo, hi)`` (see
+        :meth:`SharedArrays.locate`). If every rank passes such a place, the same one,
+        the sums are computed inside ``shared`` and nothing is copied; otherwise (a rank
+        whose arrays moved) every rank takes the copying path.
 
         Raises:
             ValueError: on every rank, if the ranks passed different numbers of arrays or
@@ -225,19 +235,32 @@ class SharedMemoryReduction:
         total = lay.total
         slot = self._slot
         self._slot ^= 1
-        mine = (total, n_arrays, lay.dtype.itemsize, 0)
-        self._headers[r][slot] = mine
+        if place is None:
+            where = (0, 0, 0)
+        else:
+            where = (place[0].ident, place[1], place[2])
+        self._headers[r][slot] = (total, n_arrays, lay.dtype.itemsize, 0) + where + (0,)
         lo = 0
         while True:  # at least once, so that an empty call still checks the headers
             hi = min(total, lo + chunk)
-            gather(lay, lo, hi, inputs[r], own_ptr)
-            self._barrier()
             if lo == 0:
-                self._check_headers(slot)
-            n = hi - lo
-            base, extra = divmod(n, P)
-            b0 = r * base + min(r, extra)
-            b1 = b0 + base + (r < extra)
+                # A rank with a place copies in only once it knows that the others have
+                # one too; then every rank needs one more barrier before the sums.
+                if place is None:
+                    gather(lay, lo, hi, inputs[r], own_ptr)
+                self._barrier()
+                if self._check_headers(slot):
+                    self.in_place_calls += 1
+                    self._reduce_in_place(*place, division)
+                    return
+                if place is not None:
+                    gather(lay, lo, hi, inputs[r], own_ptr)
+                if any(self._headers[j][slot][4] for j in range(P)):
+                    self._barrier()
+            else:
+                gather(lay, lo, hi, inputs[r], own_ptr)
+                self._barrier()
+            b0, b1 = _block(hi - lo, P, r)
             out = result[b0:b1]
             with np.errstate(over="ignore", invalid="ignore"):
                 np.add(inputs[0][b0:b1], inputs[1][b0:b1], out=out)
@@ -251,15 +274,130 @@ class SharedMemoryReduction:
             if lo >= total:
                 return
 
-    def _check_headers(self, slot: int) -> None:
+    def _reduce_in_place(self, shared: "SharedArrays", lo: int, hi: int,
+                         division: bool) -> None:
+        """Rank ``r`` sums block ``r`` of ``[lo, hi)`` over the ranks' copies of ``shared``
+        (in rank order, into rank 0's copy: the same operations as the copying path, so
+        the same bits) and copies the sum into every other rank's copy."""
+        P = self._size
+        areas = shared.areas
+        b0, b1 = _block(hi - lo, P, self._rank)
+        b0, b1 = lo + b0, lo + b1
+        out = areas[0][b0:b1]
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.add(out, areas[1][b0:b1], out=out)
+            for j in range(2, P):
+                np.add(out, areas[j][b0:b1], out=out)
+            if division:
+                out /= P
+        for j in range(1, P):
+            areas[j][b0:b1] = out
+        self._barrier()
+
+    def _check_headers(self, slot: int) -> bool:
+        """Raise if the ranks passed different data; return whether all of them passed the
+        same place in a :class:`SharedArrays` (so that the sums can be made there)."""
         seen = [tuple(int(v) for v in h[slot]) for h in self._headers]
-        if all(s == seen[0] for s in seen):
-            return
+        if all(s[:3] == seen[0][:3] for s in seen):
+            return seen[0][4] != 0 and all(s[4:7] == seen[0][4:7] for s in seen)
         what = "; ".join(f"rank {j}: {_plural(s[1], 'array')} of {_plural(s[0], 'element')} "
                          f"in total, summed in float{8 * s[2]}" for j, s in enumerate(seen))
         raise ValueError(f"all_reduce: the ranks passed different data ({what}); every rank "
                          f"must pass arrays of the same sizes and dtypes in the same order")
 
 
+def _block(n: int, P: int, r: int):
+    """Rank ``r``'s block ``[b0, b1)`` of ``n`` elements split as evenly as possible."""
+    base, extra = divmod(n, P)
+    b0 = r * base + min(r, extra)
+    return b0, b0 + base + (r < extra)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+class SharedArrays:
+    """float32 arrays laid out end to end in an MPI shared-memory window, one copy per rank.
+
+    Rank ``j``'s copy is ``areas[j]``; array ``i`` occupies its elements
+    ``[starts[i], stops[i])``, each array starting on a 64-byte boundary (the gaps stay
+    zero: their sums are zero). ``arrays[i]`` is an :class:`nnabla.NdArray` over array
+    ``i`` of this rank's copy (:func:`nnabla_mpt._hostarray.host_ndarray`), so what nnabla
+    writes there the other ranks can read, and an all-reduce of ``arrays`` needs no copy
+    (:meth:`SharedMemoryReduction.all_reduce` with a place).
+
+    Creating one is collective: every rank of ``comm`` creates it with the same shapes, in
+    the same order relative to the other ones of ``comm``, as the ``ident`` must agree.
+    The window is held until the program ends (its memory must outlive every array over
+    it, and nnabla may keep an array longer than this object).
+    """
+
+    _windows = []  # every window ever allocated: never freed before MPI is finalized
+
+    def __init__(self, MPI, comm, shapes, ident: int, ctx) -> None:
+        from ._hostarray import host_ndarray
+
+        self.ident = ident
+        self.dtype = np.dtype(np.float32)
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+        self.starts, self.stops = [], []
+        off = 0
+        for n in sizes:
+            self.starts.append(off)
+            self.stops.append(off + n)
+            off += -(-n // _ALIGN) * _ALIGN
+        self.total = off
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")
+        try:
+            win = MPI.Win.Allocate_shared(max(off, 1) * 4, 4, info=info, comm=comm)
+        finally:
+            info.Free()
+        SharedArrays._windows.append(win)
+        self.areas = [np.frombuffer(win.Shared_query(j)[0], np.float32)[:off]
+                      for j in range(comm.Get_size())]
+        mine = self.areas[comm.Get_rank()]
+        mine[:] = 0
+        comm.Barrier()  # no rank reads another's copy before it is zeroed
+        base = mine.ctypes.data if off else 0
+        self.ptrs = [base + 4 * a for a in self.starts]
+        self._index = {p: i for i, p in enumerate(self.ptrs)}
+        self._ctx = ctx
+        self._host_ndarray = host_ndarray
+        self.arrays = [host_ndarray(p, s) for p, s in zip(self.ptrs, self.shapes)]
+        self.mine = mine
+
+    def fresh(self, i: int):
+        """A new NdArray over array ``i`` of this rank's copy (its current values kept)."""
+        return self._host_ndarray(self.ptrs[i], self.shapes[i])
+
+    def view(self, i: int) -> np.ndarray:
+        """Array ``i`` of this rank's copy, flat, as NumPy."""
+        return self.mine[self.starts[i]:self.stops[i]]
+
+    def in_place(self, i: int, a) -> bool:
+        """Whether NdArray ``a`` holds array ``i`` here, as nnabla's current float32 copy
+        (asked for writing: nnabla drops every other copy)."""
+        return a.data_ptr(self.dtype, self._ctx, True) == self.ptrs[i]
+
+    def locate(self, lay: Layout):
+        """``(self, lo, hi)`` if the pieces of ``lay`` are consecutive arrays of this rank's
+        copy, in order and whole, spanning its elements ``[lo, hi)``; else None."""
+        if lay.converted or lay.dtype != self.dtype or not lay.ptrs:
+            return None
+        i0 = self._index.get(lay.ptrs[0])
+        if i0 is None or i0 + len(lay.ptrs) > len(self.ptrs):
+            return None
+        if lay.ptrs != self.ptrs[i0:i0 + len(lay.ptrs)]:
+            return None
+        i1 = i0 + len(lay.ptrs) - 1
+        if lay.stops[-1] != self.stops[i1] - self.starts[i0] - _gaps(self, i0, i1):
+            return None
+        return self, self.starts[i0], self.stops[i1]
+
+
+def _gaps(shared: SharedArrays, i0: int, i1: int) -> int:
+    """Padding elements between arrays ``i0`` and ``i1`` of ``shared``."""
+    return sum(shared.starts[i + 1] - shared.stops[i] for i in range(i0, i1))

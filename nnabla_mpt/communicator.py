@@ -17,7 +17,7 @@ from nnabla.logger import logger
 
 from . import _fused
 
-__all__ = ["MPICommunicator"]
+__all__ = ["MPICommunicator", "SharedGradients"]
 
 Algorithm = Literal["auto", "shared_memory", "reduce_scatter", "reduce_bcast"]
 _ALGORITHMS = ("auto", "shared_memory", "reduce_scatter", "reduce_bcast")
@@ -232,6 +232,8 @@ class MPICommunicator:
         self._shm = None
         if algorithm == "shared_memory" and self._size > 1:
             self._shm = _fused.SharedMemoryReduction(MPI, comm)
+        self._shared: List[_fused.SharedArrays] = []
+        self._n_shared = 0
         self.n_all_reduce_calls = 0
         self.n_bcast_calls = 0
         self.n_collectives = 0
@@ -320,9 +322,14 @@ class MPICommunicator:
         dtypes = [_dtype_of(a) for a in arrays]
         lay = _fused.layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
         if self._shm is not None:
+            place = None
+            for shared in self._shared:
+                place = shared.locate(lay)
+                if place is not None:
+                    break
             before = self._shm.barriers
             try:
-                self._shm.all_reduce(lay, len(arrays), division)
+                self._shm.all_reduce(lay, len(arrays), division, place)
             finally:
                 self.n_collectives += self._shm.barriers - before
             return
@@ -414,6 +421,69 @@ class MPICommunicator:
                                 f"{type(v).__name__}")
         self.n_bcast_calls += 1
         self._bcast_arrays(arrays, src, names=names)
+
+    def share_grads(self, params: Union[Dict[str, Any], Sequence[Any]]) -> "SharedGradients":
+        """Put the gradients of ``params`` in memory shared by the ranks, end to end, so that
+        an :meth:`all_reduce` of them copies nothing.
+
+        Each parameter's ``.grad`` becomes an :class:`nnabla.NdArray` over its place in a
+        shared-memory window that holds every rank's gradients (current values kept).
+        An :meth:`all_reduce` of consecutive arrays of the returned
+        :attr:`SharedGradients.arrays` then sums them where they are: rank ``i`` adds
+        block ``i`` over the ranks' copies, in rank order, and writes the sum into every
+        copy; two barriers in all, whatever the size, and the same bits as the copying
+        path. It is what the loss-scaling updaters do with this communicator on float32
+        graphs (``shared_grads=``).
+
+        Zero the gradients with :meth:`SharedGradients.zero`, not ``solver.zero_grad()``:
+        nnabla implements ``zero_grad`` by dropping the arrays' memory, so the gradients
+        would leave the shared memory (correct, but reduced by copying again until the
+        next :meth:`SharedGradients.zero` puts them back). The same holds for a gradient
+        nnabla writes in another dtype (float16 graphs): it is reduced by copying.
+
+        Collective: every rank calls it with the same shapes, in the same order relative
+        to its other calls. The window (the gradients' size, in float32, per rank, in the
+        machine's shared memory, ``/dev/shm`` with MPICH) is held until the program ends.
+
+        Args:
+            params: A dict of name to :class:`nnabla.Variable` (such as
+                ``solver.get_parameters()``; the order is the dict's) or a list of
+                Variables.
+
+        Returns:
+            SharedGradients: the handle to zero the gradients and to pass to
+            :meth:`all_reduce`.
+
+        Raises:
+            TypeError: ``params`` or one of its values is not a Variable.
+            ValueError: ``params`` is empty or has a Variable twice, or this communicator
+                does not use ``algorithm="shared_memory"``.
+        """
+        if isinstance(params, dict):
+            items = list(params.items())
+        elif isinstance(params, (list, tuple)):
+            items = list(enumerate(params))
+        else:
+            raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
+                            f"Variables, got {type(params).__name__}: {params!r}")
+        if not items:
+            raise ValueError(f"params must contain at least one parameter, got an empty "
+                             f"{type(params).__name__}")
+        seen = {}
+        for name, v in items:
+            if not isinstance(v, nn.Variable):
+                raise TypeError(f"params[{name!r}] must be an nnabla.Variable, got "
+                                f"{type(v).__name__}")
+            if id(v) in seen:
+                raise ValueError(f"params[{name!r}] is the same Variable as "
+                                 f"params[{seen[id(v)]!r}]")
+            seen[id(v)] = name
+        if self._algorithm != "shared_memory":
+            raise ValueError(f"share_grads needs algorithm='shared_memory' (every rank on "
+                             f"one machine); this communicator uses {self._algorithm!r}")
+        shared = SharedGradients(self, [v for _, v in items])
+        self.n_collectives += 1  # the barrier after zeroing the window
+        return shared
 
     def barrier(self) -> None:
         """Block until every rank has reached this call."""
@@ -527,6 +597,74 @@ class MPICommunicator:
         if sys.excepthook is not _abort_excepthook:
             _abort_excepthook.previous = sys.excepthook
             sys.excepthook = _abort_excepthook
+
+
+class SharedGradients:
+    """Gradients placed in shared memory by :meth:`MPICommunicator.share_grads`.
+
+    Attributes:
+        variables: The parameters, in the order given.
+        arrays: Their gradient arrays (the current ``.grad`` of each; :meth:`zero` renews
+            an entry whose gradient had to be put back), the list to pass to
+            :meth:`MPICommunicator.all_reduce`. Parameters with no elements keep
+            gradients of their own.
+        n_replaced (int): How many times :meth:`zero` found a gradient outside the shared
+            memory and put it back.
+    """
+
+    # After this many calls of zero() in a row that had to put a gradient back, one
+    # warning says that the gradients keep leaving the shared memory.
+    _WARN_AFTER = 3
+
+    def __init__(self, comm: MPICommunicator, variables: List["nn.Variable"]) -> None:
+        self.variables = list(variables)
+        self._placed = [i for i, v in enumerate(self.variables) if v.size > 0]
+        self._empty = [v for v in self.variables if v.size == 0]
+        comm._n_shared += 1
+        self._region = _fused.SharedArrays(comm._MPI, comm.comm,
+                                           [self.variables[i].shape for i in self._placed],
+                                           comm._n_shared, comm._host_ctx)
+        comm._shared.append(self._region)
+        for k, i in enumerate(self._placed):
+            v = self.variables[i]
+            current = np.array(v.g, dtype=np.float32)  # kept
+            v.grad = self._region.arrays[k]
+            self._region.view(k)[...] = current.reshape(-1)
+        self.arrays = [v.grad for v in self.variables]
+        self.n_replaced = 0
+        self._streak = 0
+        self._warned = False
+
+    def zero(self) -> None:
+        """Set every gradient to zero, in place in the shared memory.
+
+        A gradient found elsewhere (after ``solver.zero_grad()``, an assignment to
+        ``.grad`` or a float16 backward pass) is put back first: its parameter's
+        ``.grad`` becomes a new array over its place (and :attr:`arrays` is renewed).
+        """
+        region, variables, arrays = self._region, self.variables, self.arrays
+        replaced = False
+        for k, i in enumerate(self._placed):
+            v = variables[i]
+            if not region.in_place(k, v.grad):
+                v.grad = region.fresh(k)
+                arrays[i] = v.grad
+                replaced = True
+        region.mine[:] = 0
+        for v in self._empty:
+            v.grad.zero()
+        if replaced:
+            self.n_replaced += 1
+            self._streak += 1
+            if self._streak >= self._WARN_AFTER and not self._warned:
+                self._warned = True
+                logger.warning(
+                    f"nnabla_mpt: the gradients in shared memory were found elsewhere at "
+                    f"{self._streak} zero() calls in a row (solver.zero_grad(), float16 "
+                    f"gradients?); they are reduced by copying meanwhile. Zero them with "
+                    f"SharedGradients.zero(), or do not share them")
+        else:
+            self._streak = 0
 
 
 def _signature_mismatch(src_names: Optional[List[str]], src_shapes: List[Tuple[int, ...]],

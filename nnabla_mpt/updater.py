@@ -179,6 +179,35 @@ def _check_comm(comm):
     return comm
 
 
+def _use_shared_grads(shared_grads, comm, grads, precision, schedule) -> bool:
+    """Whether the updater puts the gradients in the communicator's shared memory.
+
+    ``None`` (auto): when the communicator offers it (``share_grads``, with more than one
+    rank and the shared-memory scheme), ``grads`` is not given and the graph runs in float
+    only (float16 gradients would leave the shared memory at every backward pass).
+    ``True`` asks for it and raises, naming the reason, where it cannot be done.
+    """
+    if shared_grads is False:
+        return False
+    reasons = []
+    if not hasattr(comm, "share_grads"):
+        reasons.append(f"the communicator ({type(comm).__name__}) has no share_grads")
+    elif getattr(comm, "algorithm", None) != "shared_memory":
+        reasons.append(f"the communicator uses algorithm={getattr(comm, 'algorithm', None)!r}, "
+                       f"not 'shared_memory'")
+    if grads is not None:
+        reasons.append("grads is given (the updater can only place the gradients of the "
+                       "solver's parameters)")
+    if precision != "float" or schedule is not None:
+        reasons.append("the graph runs in float16 (nnabla writes float16 gradients into "
+                       "memory of its own)")
+    if shared_grads is None:
+        return not reasons and comm.size > 1
+    if reasons:
+        raise ValueError("shared_grads=True cannot be honoured: " + "; ".join(reasons))
+    return True
+
+
 def _check_grads(grads, comm) -> Optional[List["nn.NdArray"]]:
     if grads is None:
         return None
@@ -255,7 +284,7 @@ class _LossScalingUpdater:
                  weight_decay, comm, grads, overflow_mode, enable_overflow_check,
                  clip_grad_norm, max_retries, average_accum, average_ranks,
                  accelerate_train_mode, total_steps, final_loss, high_precision_loss,
-                 floor_policy, diagnose_after, monitor) -> None:
+                 floor_policy, diagnose_after, monitor, shared_grads) -> None:
         self._params = _check_solver(solver)
         self.solver = solver
         self.loss = _check_loss(loss)
@@ -284,13 +313,24 @@ class _LossScalingUpdater:
         self._monitor = _check_monitor(monitor)
         self._check_overflow = self._make_overflow_check()
         self._squared_norm = None          # built on first use by _grad_norm
+        self.shared_grads = None
+        if shared_grads is not None:
+            check.boolean("shared_grads", shared_grads)
+            if shared_grads and self.comm is None:
+                raise ValueError("shared_grads=True needs a communicator (comm=...): the "
+                                 "gradients are placed in the communicator's shared memory")
         if self.comm is not None:
-            self._reduce_list = list(self.grads if self.grads is not None
-                                     else (v.grad for v in self._params.values()))
             # [overflow flag, loss, non-finite loss flag] travel in the gradients' buffer:
             # one collective a step.
-            self._flag = nn.NdArray((3,))
-            self._reduce_list.append(self._flag)
+            if _use_shared_grads(shared_grads, self.comm, self.grads, self._precision,
+                                 self.schedule):
+                flag = nn.Variable((3,))
+                self.shared_grads = self.comm.share_grads(list(self._params.values()) + [flag])
+                self._reduce_list = self.shared_grads.arrays   # kept current by its zero()
+            else:
+                self._reduce_list = list(self.grads if self.grads is not None
+                                         else (v.grad for v in self._params.values()))
+                self._reduce_list.append(nn.NdArray((3,)))
         self.steps = 0
         self.updates = 0
         self.skipped_steps = 0
@@ -367,7 +407,10 @@ class _LossScalingUpdater:
         read_losses = watch_loss or (self.accum_grad > 1 and self.enable_overflow_check)
         loss_sum = 0.0
         solver = self.solver
-        solver.zero_grad()
+        if self.shared_grads is None:
+            solver.zero_grad()
+        else:
+            self.shared_grads.zero()
         for _ in range(self.accum_grad):
             if self.data_feeder is not None:
                 self.data_feeder()
@@ -382,10 +425,11 @@ class _LossScalingUpdater:
         if self.comm is not None:
             local = self.enable_overflow_check and self._check_overflow()
             bad_loss = local and not self._losses_finite(loss, read_losses, loss_sum)
-            self._flag.data = np.array([1.0 if local else 0.0, loss_value,
-                                        1.0 if bad_loss else 0.0], dtype=np.float32)
+            flags = self._reduce_list[-1]
+            flags.data = np.array([1.0 if local else 0.0, loss_value,
+                                   1.0 if bad_loss else 0.0], dtype=np.float32)
             self.comm.all_reduce(self._reduce_list, division=False, inplace=True)
-            flag, loss_total, bad_losses = (float(x) for x in self._flag.data)
+            flag, loss_total, bad_losses = (float(x) for x in flags.data)
             # Every rank decides on the same reduced values, so all take the same branch.
             overflow = self.enable_overflow_check and (flag > 0.0 or self._check_overflow())
             loss_nonfinite = overflow and bad_losses > 0.0
@@ -752,8 +796,16 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
         monitor: A step hook: any callable, called once per step (after the step is
             complete) with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a
             :class:`LossScaleCallback`. None (default) costs one attribute test per step.
+        shared_grads: Put the gradients of the solver's parameters in the communicator's
+            shared memory (:meth:`MPICommunicator.share_grads`), so that the step's
+            all-reduce copies nothing, and zero them there instead of with
+            ``solver.zero_grad()``. ``None`` (default): do so when ``comm`` offers it with
+            more than one rank and the shared-memory scheme, ``grads`` is None and the
+            graph runs in float only; ``True``: require it (``ValueError`` naming the
+            reason where it cannot be done); ``False``: never.
 
     Attributes:
+        shared_grads: The :class:`~nnabla_mpt.SharedGradients` in use, or None.
         last_report: The :class:`~nnabla_mpt.diagnosis.OverflowReport` of the last
             diagnosis, or None.
 
@@ -786,7 +838,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
                  high_precision_loss: Optional["nn.Variable"] = None,
                  floor_policy: FloorPolicy = "raise", diagnose_after: int = 8,
-                 monitor: Optional[Callable[[StepResult], Any]] = None) -> None:
+                 monitor: Optional[Callable[[StepResult], Any]] = None,
+                 shared_grads: Optional[bool] = None) -> None:
         policy = _compat_policy_args(scale, scaling_factor, N, backoff_factor, hysteresis,
                                      min_scale, max_scale)
         super().__init__(solver, loss, data_feeder, policy, clear_buffer=clear_buffer,
@@ -798,7 +851,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
                          final_loss=final_loss, high_precision_loss=high_precision_loss,
                          floor_policy=floor_policy, diagnose_after=diagnose_after,
-                         monitor=monitor)
+                         monitor=monitor, shared_grads=shared_grads)
 
     @property
     def scaling_factor(self) -> float:
@@ -834,7 +887,7 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
             ``average_accum``, ``average_ranks``, ``accelerate_train_mode``, ``total_steps``,
             ``final_loss``, ``high_precision_loss``, ``monitor``, ``floor_policy``,
             ``diagnose_after`` (a fixed scale has no floor: only the overflow streak
-            triggers the diagnosis).
+            triggers the diagnosis), ``shared_grads``.
     """
 
     def __init__(self, solver, loss, data_feeder: Optional[Callable[[], Any]] = None,
@@ -849,7 +902,8 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                  total_steps: Optional[int] = None, final_loss: Optional[float] = None,
                  high_precision_loss: Optional["nn.Variable"] = None,
                  floor_policy: FloorPolicy = "raise", diagnose_after: int = 8,
-                 monitor: Optional[Callable[[StepResult], Any]] = None) -> None:
+                 monitor: Optional[Callable[[StepResult], Any]] = None,
+                 shared_grads: Optional[bool] = None) -> None:
         policy = FixedLossScale(scale)
         enable_overflow_check = check.boolean("enable_overflow_check", enable_overflow_check)
         if max_retries and not enable_overflow_check:
@@ -864,4 +918,4 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                          accelerate_train_mode=accelerate_train_mode, total_steps=total_steps,
                          final_loss=final_loss, high_precision_loss=high_precision_loss,
                          floor_policy=floor_policy, diagnose_after=diagnose_after,
-                         monitor=monitor)
+                         monitor=monitor, shared_grads=shared_grads)

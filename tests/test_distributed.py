@@ -88,6 +88,28 @@ def test_one_all_reduce_per_step_with_overflow(overflow_run):
     n, res = overflow_run
     for _, meta in res:
         assert meta["all_reduce_calls"] == 10  # skipped steps included
+        # float16 gradients: the updater leaves them in nnabla's memory and copies
+        assert not meta["shared_grads"] and meta["in_place_calls"] == 0
+
+
+FLOAT32_OVERFLOW = 1e12  # batch factor: scaled (2**60) float32 gradients overflow
+
+
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_float32_overflow_on_one_rank_with_gradients_in_shared_memory(tmp_path, n):
+    check_ok(run_mpi(n, "train.py", tmp_path, "overflow32", BAD_RANK, FLOAT32_OVERFLOW,
+                     *BAD_STEPS))
+    res = load_ranks(tmp_path, n)
+    expected = expected_scales(10, BAD_STEPS, init=2.0 ** 60, max_scale=2.0 ** 62)
+    for r, (npz, meta) in enumerate(res):
+        assert meta["shared_grads"], f"rank {r}"
+        assert meta["in_place_calls"] == meta["all_reduce_calls"] == 10, f"rank {r}"
+        assert meta["skipped"] == [step in BAD_STEPS for step in range(10)], f"rank {r}"
+        assert meta["params_unchanged"] == meta["skipped"]
+        assert meta["states_unchanged"] == meta["skipped"]
+        assert meta["scale"] == expected, f"rank {r}"
+        for k in (k for k in npz if k.startswith("param/")):
+            np.testing.assert_array_equal(npz[k], res[0][0][k], err_msg=f"{k} on rank {r}")
 
 
 @pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
@@ -115,6 +137,9 @@ def test_data_parallel_average_equals_single_process_on_whole_batch(tmp_path, n,
     assert len(keys) == 4
     for _, meta in res:
         assert meta["skipped"] == [False] * meta["steps"]
+        # a float graph: the gradients live in shared memory and are reduced there
+        assert meta["shared_grads"] and meta["grads_are_shared"]
+        assert meta["in_place_calls"] == meta["steps"]
     for k in keys:
         moved = np.abs(rank0[f"param/{k}"] - rank0[f"init/{k}"]).max()
         assert moved > 0.05, f"{k} barely trained ({moved})"
@@ -126,12 +151,30 @@ def test_data_parallel_average_equals_single_process_on_whole_batch(tmp_path, n,
 
 
 @pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_shared_gradients_train_bit_for_bit_like_copied_ones(tmp_path, n):
+    runs = {}
+    for shared in ("auto", "off"):
+        outdir = tmp_path / shared
+        outdir.mkdir()
+        check_ok(run_mpi(n, "train.py", outdir, "parity", 2, shared))
+        runs[shared] = load_ranks(outdir, n)
+    for r in range(n):
+        auto, off = runs["auto"][r], runs["off"][r]
+        assert auto[1]["shared_grads"] and not off[1]["shared_grads"]
+        assert auto[1]["in_place_calls"] == 6 and off[1]["in_place_calls"] == 0
+        keys = [k for k in auto[0] if k.startswith("param/")]
+        assert len(keys) == 4
+        for k in keys:
+            np.testing.assert_array_equal(auto[0][k], off[0][k], err_msg=f"{k} on rank {r}")
+
+
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
 def test_gradient_accumulation_reduces_once_per_step(tmp_path, n):
     check_ok(run_mpi(n, "train.py", tmp_path, "parity", 3))
     for _, meta in load_ranks(tmp_path, n):
         assert meta["steps"] == 6
         assert meta["all_reduce_calls"] == 6  # not 6 x 3 micro-batches
-        assert meta["collectives"] == 12  # and each is one fused reduce-scatter + allgather
+        assert meta["collectives"] == 12  # and each is two barriers around the sums
 
 
 @pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")

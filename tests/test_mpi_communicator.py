@@ -281,3 +281,83 @@ def test_constructor_validation():
         MPICommunicator(7, abort_on_exception=False)
     with pytest.raises(TypeError, match="abort_on_exception must be a bool, got str"):
         MPICommunicator(abort_on_exception="no")
+
+
+def _small_training(type_config="float", seed=0):
+    import nnabla as nn
+    import nnabla.functions as F
+    import nnabla.parametric_functions as PF
+    import nnabla.solvers as S
+    from nnabla.ext_utils import get_extension_context
+
+    nn.clear_parameters()
+    nn.set_default_context(get_extension_context("cpu", type_config=type_config))
+    try:
+        x, t = nn.Variable((4, 5)), nn.Variable((4, 2))
+        loss = F.mean(F.squared_error(PF.affine(F.relu(PF.affine(x, 6, name="a")), 2,
+                                                name="b"), t))
+    finally:
+        nn.set_default_context(get_extension_context("cpu"))
+    rng = np.random.RandomState(seed)
+    for v in nn.get_parameters().values():
+        v.d = rng.randn(*v.shape)
+    solver = S.Momentum(0.05)
+    solver.set_parameters(nn.get_parameters())
+
+    def feed():
+        x.d, t.d = rng.randn(4, 5), rng.randn(4, 2)
+    return solver, loss, feed
+
+
+def test_shared_grads_in_one_process_trains_like_no_communicator(solo):
+    import nnabla as nn
+    from nnabla_mpt import DynamicLossScalingUpdater
+
+    finals = {}
+    for use in ("comm", "none"):
+        solver, loss, feed = _small_training()
+        kw = dict(comm=solo, shared_grads=True) if use == "comm" else {}
+        updater = DynamicLossScalingUpdater(solver, loss, feed, scale=4.0, N=3, **kw)
+        for _ in range(5):
+            updater.update()
+        if use == "comm":
+            shared = updater.shared_grads
+            assert shared is not None and shared.n_replaced == 0
+            assert all(v.grad == a for v, a in zip(solver.get_parameters().values(),
+                                                   shared.arrays))
+        finals[use] = {k: v.d.copy() for k, v in nn.get_parameters().items()}
+    for k in finals["none"]:
+        np.testing.assert_array_equal(finals["comm"][k], finals["none"][k], err_msg=k)
+    # one rank: the automatic choice does not place the gradients (nothing to exchange)
+    solver, loss, feed = _small_training()
+    assert DynamicLossScalingUpdater(solver, loss, feed, comm=solo).shared_grads is None
+
+
+def test_shared_grads_true_names_what_prevents_it(solo):
+    import nnabla as nn
+    from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, MPICommunicator
+
+    solver, loss, feed = _small_training()
+    rs = MPICommunicator(algorithm="reduce_scatter", abort_on_exception=False)
+    with pytest.raises(ValueError, match=r"shared_grads=True cannot be honoured: the "
+                                         r"communicator uses algorithm='reduce_scatter'"):
+        DynamicLossScalingUpdater(solver, loss, feed, comm=rs, shared_grads=True)
+    grads = [v.grad for v in solver.get_parameters().values()]
+    with pytest.raises(ValueError, match=r"grads is given \(the updater can only place"):
+        FixedLossScalingUpdater(solver, loss, feed, comm=solo, grads=grads, shared_grads=True)
+    with pytest.raises(TypeError, match="shared_grads must be True or False, got 'yes'"):
+        DynamicLossScalingUpdater(solver, loss, feed, comm=solo, shared_grads="yes")
+    solver, loss, feed = _small_training("half")
+    with pytest.raises(ValueError, match=r"the graph runs in float16"):
+        DynamicLossScalingUpdater(solver, loss, feed, comm=solo, shared_grads=True)
+    # shared_grads=False, or no communicator: the gradients stay where nnabla put them
+    for kw in (dict(comm=solo, shared_grads=False), dict(shared_grads=True)):
+        solver, loss, feed = _small_training()
+        before = [v.grad for v in solver.get_parameters().values()]
+        if "comm" not in kw:
+            with pytest.raises(ValueError, match="shared_grads=True needs a communicator"):
+                DynamicLossScalingUpdater(solver, loss, feed, **kw)
+            continue
+        updater = DynamicLossScalingUpdater(solver, loss, feed, **kw)
+        assert updater.shared_grads is None
+        assert all(v.grad == b for v, b in zip(solver.get_parameters().values(), before))

@@ -8,8 +8,12 @@ MODE "overflow" BAD_RANK FACTOR STEPS...: float16 network; at the listed steps t
 MODE "streak" BAD_RANK FACTOR STEPS...: like "overflow" with diagnose_after=3; the listed
     steps form a streak of overflows that only BAD_RANK's batch causes (each rank
     diagnoses its own batch; the ranks must still act alike).
-MODE "parity" ACCUM_GRAD: float network trained with average_ranks=True; rank 0 also
-    trains a single-process copy on the concatenated batches for comparison.
+MODE "overflow32" BAD_RANK FACTOR STEPS...: like "overflow" with a float32 network and a
+    loss scale of 2**60: a FACTOR of 1e12 makes rank BAD_RANK's scaled float32 gradients
+    overflow while its loss stays finite (the gradients live in shared memory).
+MODE "parity" ACCUM_GRAD [SHARED]: float network trained with average_ranks=True; rank 0
+    also trains a single-process copy on the concatenated batches for comparison. SHARED
+    "off" passes shared_grads=False (default: the updater's automatic choice).
 MODE "raise" STEP: float network; the data feeder of the last rank raises at STEP.
 Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
 """
@@ -51,9 +55,10 @@ def same(a, b):
 
 out, meta = {}, {"rank": rank, "size": size}
 
-if mode in ("overflow", "streak"):
+if mode in ("overflow", "streak", "overflow32"):
     bad_rank, factor, bad_steps = int(args[0]), float(args[1]), {int(s) for s in args[2:]}
-    nn.set_default_context(get_extension_context("cpu", type_config="half"))
+    precision = "float" if mode == "overflow32" else "half"
+    nn.set_default_context(get_extension_context("cpu", type_config=precision))
     x, t = nn.Variable((4, 6)), nn.Variable((4, 3))
     with nn.parameter_scope("net"):
         loss = F.mean(F.squared_error(mlp(x, 8, 3), t))
@@ -72,10 +77,12 @@ if mode in ("overflow", "streak"):
         t.d = data.randn(4, 3)
 
     extra = {"diagnose_after": 3} if mode == "streak" else {}
-    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=1024.0, N=3,
-                                        max_scale=4096.0, comm=comm, average_ranks=True,
+    scale, max_scale = (2.0 ** 60, 2.0 ** 62) if precision == "float" else (1024.0, 4096.0)
+    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=scale, N=3,
+                                        max_scale=max_scale, comm=comm, average_ranks=True,
                                         **extra)
-    calls0 = comm.n_all_reduce_calls
+    meta["shared_grads"] = updater.shared_grads is not None
+    calls0, in_place0 = comm.n_all_reduce_calls, comm._shm.in_place_calls
     meta.update(skipped=[], scale=[], next_scale=[], params_unchanged=[], states_unchanged=[])
     for i in range(10):
         p0, s0 = snapshot(params), states_snapshot(solver)
@@ -86,6 +93,7 @@ if mode in ("overflow", "streak"):
         meta["params_unchanged"].append(same(p0, snapshot(params)))
         meta["states_unchanged"].append(same(s0, states_snapshot(solver)))
     meta["all_reduce_calls"] = comm.n_all_reduce_calls - calls0
+    meta["in_place_calls"] = comm._shm.in_place_calls - in_place0
     meta["skipped_steps"] = updater.skipped_steps
     meta["updates"] = updater.updates
     report = getattr(updater, "last_report", None)
@@ -94,6 +102,7 @@ if mode in ("overflow", "streak"):
 
 elif mode == "parity":
     accum = int(args[0])
+    shared_grads = False if args[1:] == ["off"] else None
     full, steps = 12, 6
     local = full // size
     nn.set_default_context(get_extension_context("cpu", type_config="float"))
@@ -122,11 +131,17 @@ elif mode == "parity":
         t.d = ts[rank * local:(rank + 1) * local]
 
     updater = DynamicLossScalingUpdater(solver, loss, feed, 8.0, 2.0, 1000, True, accum,
-                                        comm=comm, average_ranks=True, average_accum=True)
+                                        comm=comm, average_ranks=True, average_accum=True,
+                                        shared_grads=shared_grads)
+    meta["shared_grads"] = updater.shared_grads is not None
+    meta["grads_are_shared"] = (updater.shared_grads is not None and all(
+        v.grad == a for v, a in zip(solver.get_parameters().values(), updater.shared_grads.arrays)))
     calls0, coll0 = comm.n_all_reduce_calls, comm.n_collectives
+    in_place0 = comm._shm.in_place_calls
     meta["skipped"] = [updater.update().skipped for i in range(steps)]
     meta["all_reduce_calls"] = comm.n_all_reduce_calls - calls0
     meta["collectives"] = comm.n_collectives - coll0
+    meta["in_place_calls"] = comm._shm.in_place_calls - in_place0
     meta["steps"] = steps
     out.update({f"param/{k}": v for k, v in snapshot(params).items()})
 
