@@ -173,6 +173,13 @@ class SharedMemoryReduction:
     to call, so that a rank that leaves a call early by that error cannot overwrite what a
     slower rank has still to read.
 
+    Arrays that already lie in a :class:`SharedArrays` (``place``) skip steps 1 and 5:
+    after the first barrier rank ``r`` sums block ``r`` over the ranks' copies of those
+    arrays and writes the sum into every copy, and a second barrier ends the call,
+    whatever the size. The header carries each rank's place; if the ranks' places differ
+    (or some rank has none), the ranks with a place copy in after the first barrier and
+    every rank takes one more barrier before the sums of the first chunk.
+
     Memory: one area per rank plus one, :func:`shm_area_bytes` each (2 MiB for up to 23
     ranks), in the node's shared memory (``/dev/shm`` with MPICH).
     """
