@@ -130,7 +130,7 @@ SHM_AREA_MIN_BYTES = 256 << 10
 SHM_AREA_MAX_BYTES = 2 << 20
 _HEADER_INTS = 8
 _HEADER_BYTES = 2 * 8 * _HEADER_INTS  # two slots of eight int64
-_ALIGN = 16  # elements: every array of a SharedArrays starts on a 64-byte boundary
+ALIGN = 16  # elements: every array of a SharedArrays starts on a 64-byte boundary
 
 
 def shm_area_bytes(size: int) -> int:
@@ -354,7 +354,7 @@ class SharedArrays:
         for n in sizes:
             self.starts.append(off)
             self.stops.append(off + n)
-            off += -(-n // _ALIGN) * _ALIGN
+            off += -(-n // ALIGN) * ALIGN
         self.total = off
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")

@@ -489,9 +489,38 @@ class MPICommunicator:
         if self._algorithm != "shared_memory":
             raise ValueError(f"share_grads needs algorithm='shared_memory' (every rank on "
                              f"one machine); this communicator uses {self._algorithm!r}")
-        shared = SharedGradients(self, [v for _, v in items])
+        variables = [v for _, v in items]
+        shortfall = self.shared_memory_shortfall(variables)
+        if shortfall:
+            raise ValueError(f"share_grads: {shortfall}")
+        shared = SharedGradients(self, variables)
         self.n_collectives += 1  # the barrier after zeroing the window
         return shared
+
+    def shared_memory_shortfall(self, variables: Sequence["nn.Variable"]) -> str:
+        """Why the gradients of ``variables`` would not fit in this machine's shared memory,
+        or ``""`` if they fit (or the free space cannot be read).
+
+        The window of :meth:`share_grads` takes the gradients' size in float32 per rank
+        of this machine from ``/dev/shm`` (where MPICH allocates it); a full ``/dev/shm``
+        would kill the processes with ``SIGBUS`` at the first write instead of raising.
+        The ranks agree on the answer (one collective), so that they all decide alike.
+        """
+        per_rank = sum(4 * (-(-int(v.size) // _fused.ALIGN) * _fused.ALIGN)
+                       for v in variables)
+        needed = per_rank * self._local_size
+        free = _shm_free_bytes()
+        fits = free is None or needed <= free
+        self.n_collectives += 1
+        if self._comm.allreduce(1 if fits else 0, op=self._MPI.MIN):
+            return ""
+        if fits:
+            return (f"another rank found too little free space in {_SHM_DIR} for the "
+                    f"gradients ({_mib(needed)})")
+        return (f"the gradients need {_mib(needed)} of shared memory for the "
+                f"{self._local_size} rank(s) of this machine ({_mib(per_rank)} each), and "
+                f"{_SHM_DIR} has {_mib(free)} free; make room there (a container's "
+                f"--shm-size) or do not share the gradients")
 
     def barrier(self) -> None:
         """Block until every rank has reached this call."""
@@ -673,6 +702,22 @@ class SharedGradients:
                     f"SharedGradients.zero(), or do not share them")
         else:
             self._streak = 0
+
+
+_SHM_DIR = "/dev/shm"
+
+
+def _shm_free_bytes() -> Optional[int]:
+    """Free bytes in the shared-memory file system, or None if it cannot be read."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:,.1f} MiB"
 
 
 def _signature_mismatch(src_names: Optional[List[str]], src_shapes: List[Tuple[int, ...]],

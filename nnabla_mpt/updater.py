@@ -179,13 +179,15 @@ def _check_comm(comm):
     return comm
 
 
-def _use_shared_grads(shared_grads, comm, grads, precision, schedule) -> bool:
+def _use_shared_grads(shared_grads, comm, grads, precision, schedule, params) -> bool:
     """Whether the updater puts the gradients in the communicator's shared memory.
 
     ``None`` (auto): when the communicator offers it (``share_grads``, with more than one
     rank and the shared-memory scheme), ``grads`` is not given and the graph runs in float
     only (float16 gradients would leave the shared memory at every backward pass).
-    ``True`` asks for it and raises, naming the reason, where it cannot be done.
+    ``True`` asks for it and raises, naming the reason, where it cannot be done. If the
+    gradients do not fit in the machine's shared memory, auto logs a warning and does not
+    share them.
     """
     if shared_grads is False:
         return False
@@ -201,8 +203,16 @@ def _use_shared_grads(shared_grads, comm, grads, precision, schedule) -> bool:
     if precision != "float" or schedule is not None:
         reasons.append("the graph runs in float16 (nnabla writes float16 gradients into "
                        "memory of its own)")
-    if shared_grads is None:
-        return not reasons and comm.size > 1
+    if shared_grads is None and (reasons or comm.size == 1):
+        return False
+    if not reasons:
+        # collective, like share_grads itself: every rank gets here alike
+        shortfall = comm.shared_memory_shortfall(list(params))
+        if shortfall and shared_grads is None:
+            logger.warning(f"nnabla_mpt: the gradients are not shared: {shortfall}")
+            return False
+        if shortfall:
+            reasons.append(shortfall)
     if reasons:
         raise ValueError("shared_grads=True cannot be honoured: " + "; ".join(reasons))
     return True
@@ -322,10 +332,11 @@ class _LossScalingUpdater:
         if self.comm is not None:
             # [overflow flag, loss, non-finite loss flag] travel in the gradients' buffer:
             # one collective a step.
+            flag = nn.Variable((3,))
+            placed = list(self._params.values()) + [flag]
             if _use_shared_grads(shared_grads, self.comm, self.grads, self._precision,
-                                 self.schedule):
-                flag = nn.Variable((3,))
-                self.shared_grads = self.comm.share_grads(list(self._params.values()) + [flag])
+                                 self.schedule, placed):
+                self.shared_grads = self.comm.share_grads(placed)
                 self._reduce_list = self.shared_grads.arrays   # kept current by its zero()
             else:
                 self._reduce_list = list(self.grads if self.grads is not None
@@ -801,8 +812,9 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
             all-reduce copies nothing, and zero them there instead of with
             ``solver.zero_grad()``. ``None`` (default): do so when ``comm`` offers it with
             more than one rank and the shared-memory scheme, ``grads`` is None and the
-            graph runs in float only; ``True``: require it (``ValueError`` naming the
-            reason where it cannot be done); ``False``: never.
+            graph runs in float only, and the gradients fit in the machine's shared memory
+            (a warning says when they do not); ``True``: require it (``ValueError``
+            naming the reason where it cannot be done); ``False``: never.
 
     Attributes:
         shared_grads: The :class:`~nnabla_mpt.SharedGradients` in use, or None.

@@ -361,3 +361,35 @@ def test_shared_grads_true_names_what_prevents_it(solo):
         updater = DynamicLossScalingUpdater(solver, loss, feed, **kw)
         assert updater.shared_grads is None
         assert all(v.grad == b for v, b in zip(solver.get_parameters().values(), before))
+
+
+def _beyond_shm(extra=2 ** 20):
+    """A parameter whose float32 gradient exceeds the free space of /dev/shm (nnabla
+    allocates nothing until the array is used)."""
+    import os
+    import nnabla as nn
+    st = os.statvfs("/dev/shm")
+    return nn.Variable((st.f_bavail * st.f_frsize // 4 + extra,), need_grad=True)
+
+
+def test_gradients_beyond_free_shared_memory_are_refused_before_allocating(solo):
+    import nnabla.solvers as S
+    from nnabla_mpt import DynamicLossScalingUpdater
+
+    huge = _beyond_shm()
+    with pytest.raises(ValueError, match=r"share_grads: the gradients need [\d,.]+ MiB of "
+                                         r"shared memory for the 1 rank\(s\) of this machine "
+                                         r"\([\d,.]+ MiB each\), and /dev/shm has [\d,.]+ MiB "
+                                         r"free; make room there"):
+        solo.share_grads([huge])
+    assert solo.shared_memory_shortfall([huge]) != ""
+    small = _small_training()[0].get_parameters()
+    assert solo.shared_memory_shortfall(list(small.values())) == ""
+    # the updater, asked to share, names the same reason
+    solver, loss, feed = _small_training()
+    params = dict(solver.get_parameters(), huge=huge)
+    big_solver = S.Sgd(0.1)
+    big_solver.set_parameters(params)
+    with pytest.raises(ValueError, match=r"shared_grads=True cannot be honoured: the "
+                                         r"gradients need .* /dev/shm has"):
+        DynamicLossScalingUpdater(big_solver, loss, feed, comm=solo, shared_grads=True)
