@@ -130,7 +130,7 @@ SHM_AREA_MIN_BYTES = 256 << 10
 SHM_AREA_MAX_BYTES = 2 << 20
 _HEADER_INTS = 8
 _HEADER_BYTES = 2 * 8 * _HEADER_INTS  # two slots of eight int64
-ALIGN = 16  # elements: every array of a SharedArrays starts on a 64-byte boundary
+_ALIGN = 16  # elements: every array of a SharedArrays starts on a 64-byte boundary
 
 
 def shm_area_bytes(size: int) -> int:
@@ -354,7 +354,7 @@ class SharedArrays:
         for n in sizes:
             self.starts.append(off)
             self.stops.append(off + n)
-            off += -(-n // ALIGN) * ALIGN
+            off += padded(n)
         self.total = off
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")
@@ -403,6 +403,11 @@ class SharedArrays:
         if lay.stops[-1] != self.stops[i1] - self.starts[i0] - _gaps(self, i0, i1):
             return None
         return self, self.starts[i0], self.stops[i1]
+
+
+def padded(n: int) -> int:
+    """Elements that an array of ``n`` takes in a :class:`SharedArrays`, padding included."""
+    return -(-n // _ALIGN) * _ALIGN
 
 
 def _gaps(shared: SharedArrays, i0: int, i1: int) -> int:

@@ -506,8 +506,7 @@ class MPICommunicator:
         would kill the processes with ``SIGBUS`` at the first write instead of raising.
         The ranks agree on the answer (one collective), so that they all decide alike.
         """
-        per_rank = sum(4 * (-(-int(v.size) // _fused.ALIGN) * _fused.ALIGN)
-                       for v in variables)
+        per_rank = 4 * sum(_fused.padded(int(v.size)) for v in variables)
         needed = per_rank * self._local_size
         free = _shm_free_bytes()
         fits = free is None or needed <= free
