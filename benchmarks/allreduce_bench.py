@@ -76,18 +76,6 @@ class PlainAllreduceCommunicator(MPICommunicator):
         self.n_collectives += 1
 
 
-def host_views(arrays):
-    """Flat float32 NumPy views of the arrays' host memory (taken once, outside the timings)."""
-    import ctypes
-    from nnabla.ext_utils import get_extension_context
-    ctx = get_extension_context("cpu")
-    views = []
-    for a in arrays:
-        ptr = a.data_ptr(np.float32, ctx, False)
-        views.append(np.frombuffer((ctypes.c_float * a.size).from_address(ptr), np.float32))
-    return views
-
-
 def shared_grads(comm, grads):
     """Parameters with these gradients' values, their gradients placed by ``share_grads``."""
     params = []
@@ -150,7 +138,8 @@ def main():
         # unfused baseline pays for nothing but MPI
         views = [g.get_data("rw") for g in grads]
         shared = shared_grads(comm, grads)
-        views += host_views(shared.arrays)
+        # views of the shared gradients' memory, taken once, outside the timings
+        views += [comm._host_view(a, np.dtype(np.float32)) for a in shared.arrays]
 
         def per_array_mpi(grads):
             for v in views[:len(grads)]:

@@ -341,7 +341,7 @@ class _LossScalingUpdater:
             else:
                 self._reduce_list = list(self.grads if self.grads is not None
                                          else (v.grad for v in self._params.values()))
-                self._reduce_list.append(nn.NdArray((3,)))
+                self._reduce_list.append(flag.grad)
         self.steps = 0
         self.updates = 0
         self.skipped_steps = 0
