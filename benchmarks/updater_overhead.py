@@ -15,14 +15,23 @@ each contender and the median over rounds of the per-round ratios.
 With ``--with-clip`` a fourth contender, ours with ``clip_grad_norm`` (the global gradient
 norm computed every step), joins the rotation and the table adds its ratio to ours.
 
+With ``--before REV`` another contender, ``before``, is nnabla_mpt as it was at the git
+revision ``REV`` (extracted into a temporary folder and imported as ``nnabla_mpt_before``):
+a change to the step loop is measured against the code before it in the same run, and the
+table adds the ratios ours/before and before/nnabla.
+
 Usage:
-    .venv/bin/python benchmarks/updater_overhead.py [--rounds 60] [--with-clip]
+    .venv/bin/python benchmarks/updater_overhead.py [--rounds 60] [--with-clip] [--before REV]
 """
 import argparse
+import io
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -37,9 +46,12 @@ from nnabla.experimental.mixed_precision_training import (  # noqa: E402
     DynamicLossScalingUpdater as NnablaUpdater)
 from nnabla.logger import logger  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
 from _machine import cpu_model  # noqa: E402
 from nnabla_mpt import DynamicLossScalingUpdater  # noqa: E402
+
+BeforeUpdater = None  # DynamicLossScalingUpdater of --before REV, when asked for
 
 BATCH = 64
 SCALE = 8.0
@@ -80,6 +92,20 @@ def feed():
     """The same no-op data feeder for every contender (the batch stays in place)."""
 
 
+def import_before(rev):
+    """The DynamicLossScalingUpdater of nnabla_mpt at git revision ``rev``, imported from a
+    temporary folder as the package ``nnabla_mpt_before``."""
+    folder = tempfile.mkdtemp(prefix="nnabla_mpt_before-")
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "nnabla_mpt"],
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder)
+    os.rename(os.path.join(folder, "nnabla_mpt"), os.path.join(folder, "nnabla_mpt_before"))
+    sys.path.insert(0, folder)
+    from nnabla_mpt_before import DynamicLossScalingUpdater as before
+    return before
+
+
 def contenders(spec, seed, with_clip=False):
     runs = {}
 
@@ -98,6 +124,11 @@ def contenders(spec, seed, with_clip=False):
     loss, params = build("ours", spec, seed)
     ours = DynamicLossScalingUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
     runs["ours"] = ours.update
+
+    if BeforeUpdater is not None:
+        loss, params = build("before", spec, seed)
+        previous = BeforeUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
+        runs["before"] = previous.update
 
     loss, params = build("nnabla", spec, seed)
     theirs = NnablaUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
@@ -141,7 +172,12 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False):
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio_clip = (statistics.median(c / o for c, o in zip(times["ours+clip"], times["ours"]))
                   if with_clip else None)
-    return n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip
+    ratio_before = None
+    if "before" in times:
+        ratio_before = (statistics.median(o / b for o, b in zip(times["ours"], times["before"])),
+                        statistics.median(b / c for b, c in zip(times["before"],
+                                                                times["nnabla"])))
+    return n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip, ratio_before
 
 
 def main(argv=None):
@@ -157,29 +193,37 @@ def main(argv=None):
     parser.add_argument("--clock", choices=list(CLOCKS), default="cpu",
                         help="cpu: CPU time of this process (default; robust when other "
                              "programs share the machine), wall: elapsed time")
+    parser.add_argument("--before", metavar="REV",
+                        help="add a contender: nnabla_mpt at git revision REV")
     args = parser.parse_args(argv)
-    global clock
+    global clock, BeforeUpdater
     clock = CLOCKS[args.clock]
+    if args.before:
+        BeforeUpdater = import_before(args.before)
     logger.setLevel("WARNING")
 
     print(f"# updater step time, float, batch {BATCH}, Momentum; {args.rounds} rounds "
           f"(+{args.warmup} warm-up) of interleaved blocks hand/ours/nnabla"
-          f"{'/ours+clip' if args.with_clip else ''}, "
+          f"{'/before' if args.before else ''}{'/ours+clip' if args.with_clip else ''}, "
           f"{args.clock} clock")
     print(f"# nnabla {nn.__version__}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs ({cpu_model()}), OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS')}")
     header = (f"{'model':<12} {'params':>9} {'arrays':>6} {'steps/blk':>9} {'hand ms':>8} "
               f"{'ours ms':>8} {'nnabla ms':>9} {'ours/hand':>9} {'ours/nnabla':>11}"
-              + (f" {'clip ms':>8} {'clip/ours':>9}" if args.with_clip else ""))
+              + (f" {'clip ms':>8} {'clip/ours':>9}" if args.with_clip else "")
+              + (f" {'before ms':>9} {'ours/before':>11} {'before/nnabla':>13}"
+                 if args.before else ""))
     print(header)
     print("-" * len(header))
     for name in args.models:
-        n_params, n_arrays, n, med, rh, rn, rc = measure(
+        n_params, n_arrays, n, med, rh, rn, rc, rb = measure(
             MODELS[name], args.rounds, args.warmup, args.block_ms, with_clip=args.with_clip)
         print(f"{name:<12} {n_params:>9,} {n_arrays:>6} {n:>9} {med['hand'] * 1e3:>8.3f} "
               f"{med['ours'] * 1e3:>8.3f} {med['nnabla'] * 1e3:>9.3f} {rh:>9.3f} {rn:>11.3f}"
-              + (f" {med['ours+clip'] * 1e3:>8.3f} {rc:>9.3f}" if args.with_clip else ""),
+              + (f" {med['ours+clip'] * 1e3:>8.3f} {rc:>9.3f}" if args.with_clip else "")
+              + (f" {med['before'] * 1e3:>9.3f} {rb[0]:>11.3f} {rb[1]:>13.3f}"
+                 if rb else ""),
               flush=True)
 
 
