@@ -8,7 +8,8 @@ neither loads nnabla nor starts MPI.
 import importlib
 from typing import Any
 
-from .policy import FP16_MAX, DynamicLossScale, FixedLossScale
+from .dtypes import FP16_MAX
+from .policy import DynamicLossScale, FixedLossScale
 
 __version__ = "0.1.0"
 

@@ -49,10 +49,12 @@ def integer(name: str, value: Any, *, ge: Optional[int] = None) -> int:
 
 
 def boolean(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
+    """Returns ``value`` as a bool: ``True``, ``False`` or a NumPy bool (as an nnabla script
+    may pass one); anything else, 0 and 1 included, is refused."""
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
         raise TypeError(f"{name} must be True or False, got {value!r} "
                         f"of type {type(value).__name__}")
-    return value
+    return bool(value)
 
 
 def choice(name: str, value: Any, allowed: Iterable[str]) -> str:

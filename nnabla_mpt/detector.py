@@ -4,7 +4,7 @@ from typing import Dict, List, Literal, Optional, Sequence
 import numpy as np
 
 from . import _validate as check
-from .policy import FP16_MAX
+from .dtypes import FP16_MAX
 
 OverflowMode = Literal["inf_nan", "saturation"]
 

@@ -20,9 +20,6 @@ from typing import Any, Dict, Mapping
 
 from . import _validate as check
 
-#: The largest finite float16 value.
-FP16_MAX = 65504.0
-
 _POLICY_STATE_VERSION = 1
 
 
