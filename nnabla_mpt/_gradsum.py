@@ -116,3 +116,18 @@ class SquaredNorm:
             g = v.g.ravel()
             total += float(np.dot(g, g))
         return total
+
+
+class NumpySquaredNorm:
+    """The same sum of squares read through NumPy, in float64 (for non-CPU backends, where
+    the prebuilt CPU graph cannot read the gradients)."""
+
+    def __init__(self, variables: Sequence) -> None:
+        self._variables = list(variables)
+
+    def value(self) -> float:
+        total = 0.0
+        for v in self._variables:
+            g = v.g.ravel().astype(np.float64)
+            total += float(np.dot(g, g))
+        return total

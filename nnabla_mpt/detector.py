@@ -1,5 +1,5 @@
 """The overflow detector shared by every updater."""
-from typing import Dict, List, Literal, Optional, Sequence
+from typing import Callable, Dict, List, Literal, Optional, Sequence
 
 import numpy as np
 
@@ -70,11 +70,28 @@ class OverflowDetector:
         return f"OverflowDetector(mode={self.mode!r}, threshold={self.threshold:g})"
 
 
-#: Gradient arrays at least this large are checked through a sum (see _SummedInfNanCheck).
+def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object],
+                   float32_cpu: bool) -> Callable[[], bool]:
+    """The overflow check of the solver's gradients an updater calls every step.
+
+    The detector's check; in inf/NaN mode that is the solver's own test, called directly.
+    For gradients stored as float32 on the CPU (``float32_cpu``, which the updater knows
+    from the graph) in inf/NaN mode with large arrays, the same decision is made with a
+    sum over those arrays, several times faster than the solver's element-wise test (see
+    :class:`SummedInfNanCheck`).
+    """
+    if detector.mode != "inf_nan":
+        return lambda: detector.check(solver)
+    if float32_cpu and any(v.size >= SUM_CHECK_MIN_SIZE for v in params.values()):
+        return SummedInfNanCheck(params)
+    return solver.check_inf_or_nan_grad
+
+
+#: Gradient arrays at least this large are checked through a sum (see SummedInfNanCheck).
 SUM_CHECK_MIN_SIZE = 1 << 14
 
 
-class _SummedInfNanCheck:
+class SummedInfNanCheck:
     """The inf/NaN check of float32 CPU gradients, several times faster on large arrays.
 
     ``solver.check_inf_or_nan_grad()`` tests every element (about 1 ns per element on CPU);

@@ -9,7 +9,8 @@ import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
-from nnabla_mpt.detector import SUM_CHECK_MIN_SIZE, _SummedInfNanCheck
+from nnabla_mpt.detector import (SUM_CHECK_MIN_SIZE, OverflowDetector, SummedInfNanCheck,
+                                 overflow_check)
 
 
 def net(width=128, batch=4):
@@ -46,7 +47,7 @@ CASES = {
 def test_summed_check_agrees_with_the_solver(case):
     solver, loss, _ = net()
     params = solver.get_parameters()
-    check = _SummedInfNanCheck(params)
+    check = SummedInfNanCheck(params)
     for step in range(3):            # the same graph, re-run over fresh gradients
         solver.zero_grad()
         loss.forward()
@@ -64,7 +65,7 @@ def test_float32_sum_overflow_counts_as_overflow():
     # The one documented difference: finite gradients whose float32 sum overflows.
     solver, _, _ = net()
     params = solver.get_parameters()
-    check = _SummedInfNanCheck(params)
+    check = SummedInfNanCheck(params)
     for v in params.values():
         v.g = np.zeros(v.shape, dtype=np.float32)
     params["fc1/affine/W"].g = np.full((128, 128), 3e38, dtype=np.float32)
@@ -75,7 +76,7 @@ def test_float32_sum_overflow_counts_as_overflow():
 def test_replaced_gradient_array_is_followed():
     solver, _, _ = net()
     params = solver.get_parameters()
-    check = _SummedInfNanCheck(params)
+    check = SummedInfNanCheck(params)
     for v in params.values():
         v.g = np.zeros(v.shape, dtype=np.float32)
     assert check() is False
@@ -98,7 +99,6 @@ def test_float_updater_uses_it_and_skips_the_bad_step():
 
     updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 100, N=100,
                                         max_scale=2.0 ** 110)
-    assert isinstance(updater._check_overflow, _SummedInfNanCheck)
     params = solver.get_parameters()
     before = None
     skipped = []
@@ -113,32 +113,62 @@ def test_float_updater_uses_it_and_skips_the_bad_step():
     assert updater.scale == 2.0 ** 99
 
 
+def test_the_summed_check_is_chosen_for_large_float32_cpu_gradients_in_inf_nan_mode():
+    solver, _, _ = net()
+    params = solver.get_parameters()
+    assert isinstance(overflow_check(OverflowDetector(), solver, params, float32_cpu=True),
+                      SummedInfNanCheck)
+    # not float32 on the CPU, or saturation mode, or only small arrays: another check
+    assert overflow_check(OverflowDetector(), solver, params, float32_cpu=False) \
+        == solver.check_inf_or_nan_grad
+    assert not isinstance(overflow_check(OverflowDetector("saturation"), solver, params,
+                                         float32_cpu=True), SummedInfNanCheck)
+    nn.clear_parameters()
+    small_solver, _, _ = net(width=16)
+    assert overflow_check(OverflowDetector(), small_solver, small_solver.get_parameters(),
+                          float32_cpu=True) == small_solver.check_inf_or_nan_grad
+
+
 @pytest.mark.parametrize("kind", ["half", "saturation", "small"])
-def test_other_graphs_use_the_detector(kind):
+def test_other_graphs_skip_with_the_detector_check(kind):
+    # half: float16 gradients overflow to inf; saturation: float32 gradients beyond 65504
+    # stay finite (the summed check would let them through); small: an inf in a small
+    # array. Each updater skips exactly the bad step and leaves the parameters untouched.
     if kind == "half":
         nn.set_default_context(get_extension_context("cpu", type_config="half"))
-    solver, loss, _ = net(width=16 if kind == "small" else 128)
+    solver, loss, x = net(width=16 if kind == "small" else 128)
+    batches = np.random.RandomState(3).randn(4, *x.shape).astype(np.float32)
+    batches[2] *= {"half": 1e4, "saturation": 1e6, "small": 1.0}[kind]
+    if kind == "small":
+        batches[2, 0, 0] = np.inf
+    fed = iter(batches)
+
+    def feed():
+        x.d = next(fed)
+
     mode = "saturation" if kind == "saturation" else "inf_nan"
-    updater = FixedLossScalingUpdater(solver, loss, scale=8.0, overflow_mode=mode)
-    assert not isinstance(updater._check_overflow, _SummedInfNanCheck)
-    assert updater.update().skipped is False
+    updater = FixedLossScalingUpdater(solver, loss, feed, scale=8.0, overflow_mode=mode)
+    params = solver.get_parameters()
+    skipped = []
+    for step in range(4):
+        before = {k: v.d.copy() for k, v in params.items()}
+        skipped.append(updater.update().skipped)
+        changed = [not np.array_equal(v.d, before[k]) for k, v in params.items()]
+        assert any(changed) != skipped[-1], (step, skipped)
+    assert skipped == [False, False, True, False]
 
 
-def test_step_loop_builds_the_same_step_result():
-    # The step loop builds StepResult without the dataclass __init__ (hot path); it must
-    # set exactly the dataclass's fields, so a new field breaks this test, not the results.
+def test_step_result_is_frozen_and_says_whether_it_updated():
     import dataclasses
 
     from nnabla_mpt import StepResult
-    from nnabla_mpt.updater import _step_result
 
-    fast = _step_result(3, True, 1024.0, 512.0, 2, "half")
-    assert fast == StepResult(step=3, skipped=True, scale=1024.0, next_scale=512.0,
-                              attempts=2, precision="half")
-    assert list(vars(fast)) == [f.name for f in dataclasses.fields(StepResult)]
-    assert fast.updated is False
+    result = StepResult(step=3, skipped=True, scale=1024.0, next_scale=512.0, attempts=2,
+                        precision="half")
+    assert result.updated is False
+    assert StepResult(step=0, skipped=False, scale=1.0, next_scale=1.0).updated is True
     with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.skipped = False
+        result.skipped = False
 
 
 @pytest.mark.parametrize("numpy_min_size", [1, 1 << 10, 1 << 30])
@@ -187,7 +217,7 @@ import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
-from nnabla_mpt.detector import _SummedInfNanCheck
+from nnabla_mpt.detector import SummedInfNanCheck
 
 comm = MPICommunicator()
 x = nn.Variable((4, 128))
@@ -205,11 +235,21 @@ def feed():
 
 updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 100, N=100,
                                     max_scale=2.0 ** 110, comm=comm, average_ranks=True)
-summed = isinstance(updater._check_overflow, _SummedInfNanCheck)
+summed = isinstance(updater._decider.check, SummedInfNanCheck)
+checks = []
+check = updater._decider.check
+
+
+def counted():
+    checks.append(updater.steps)
+    return check()
+
+
+updater._decider.check = counted
 skipped = [updater.update().skipped for _ in range(6)]
 digest = float(sum(np.abs(v.d).sum() for v in nn.get_parameters().values()))
 with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
-    json.dump({"rank": comm.rank, "summed": summed, "skipped": skipped,
+    json.dump({"rank": comm.rank, "summed": summed, "skipped": skipped, "checks": checks,
                "scale": updater.scale, "digest": digest}, f)
 '''
 
@@ -227,5 +267,8 @@ def test_summed_check_decides_alike_on_every_rank(tmp_path):
     for r in ranks:
         assert r["summed"] is True
         assert r["skipped"] == [False, False, False, True, False, False]
+        # the gradients are checked once a step, after the all-reduce (inf/NaN survive the
+        # sum), not also before it
+        assert r["checks"] == [0, 1, 2, 3, 4, 5]
         assert r["scale"] == 2.0 ** 99
     assert ranks[0]["digest"] == ranks[1]["digest"]

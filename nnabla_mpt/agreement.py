@@ -1,0 +1,201 @@
+"""The step's decision, "skip or update", made alike on every rank.
+
+One process decides from its own gradients (:class:`LocalDecision`). With a
+communicator, :class:`StepAgreement` makes the decision from the reduced gradients, which
+every rank holds bit for bit alike, so every rank takes the same branch:
+
+1. a few flags travel at the end of the gradients' all-reduce: one collective a step;
+2. the reduced gradients are checked (each rank checks the same values);
+3. on a skipped step only: where the losses were not read during the step (one
+   micro-batch, no loss trigger), one more small all-reduce tells whether a rank's loss
+   itself was non-finite (a step that keeps the scale); when a collapse is diagnosed,
+   one more combines the ranks' diagnoses (:meth:`StepAgreement.agree_on_diagnosis`).
+
+The reduced gradients hold inf/NaN whenever one rank's gradients do (inf and NaN survive
+a sum), so on a good step the gradients are read once, after the reduce. Two cases also
+need each rank's own check before the reduce, carried in the flags: the saturation mode
+(a saturated value can sum back below the threshold) and ``grads`` given by the user
+(parameters outside ``grads`` are not reduced).
+"""
+import math
+from typing import Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+import nnabla as nn
+from nnabla.logger import logger
+
+
+class Decision(NamedTuple):
+    """What the check of one step found.
+
+    Attributes:
+        overflow: Skip the step: the (reduced) gradients overflowed.
+        loss_nonfinite: On a skipped step, some micro-batch's loss (on some rank) was
+            itself non-finite: a smaller scale cannot help, so the scale is kept.
+        loss: The mean loss over the micro-batches (and the ranks), where it was read.
+    """
+    overflow: bool
+    loss_nonfinite: bool
+    loss: float
+
+
+def losses_finite(loss: "nn.Variable", loss_sum: Optional[float]) -> bool:
+    """Whether every micro-batch's loss was finite: ``loss_sum`` is their sum where each
+    was read, else None and only the last one, still in ``loss``, is looked at (called on
+    skipped steps only)."""
+    if loss_sum is not None:
+        return math.isfinite(loss_sum)
+    return bool(np.isfinite(loss.d).all())
+
+
+class LocalDecision:
+    """The decision of a single process: its own gradients' check.
+
+    Args:
+        check: The overflow check of the solver's gradients, or None when checking is
+            off (the step always updates); kept as the attribute ``check``.
+        accum_grad: Micro-batches per step, for the mean loss.
+    """
+
+    def __init__(self, check: Optional[Callable[[], bool]], accum_grad: int) -> None:
+        self.check = check
+        self._accum_grad = accum_grad
+
+    def decide(self, loss: "nn.Variable", loss_sum: Optional[float]) -> Decision:
+        """Checks the step's gradients; ``loss_sum`` as for :func:`losses_finite`."""
+        mean = 0.0 if loss_sum is None else loss_sum / self._accum_grad
+        overflow = self.check is not None and self.check()
+        return Decision(overflow, overflow and not losses_finite(loss, loss_sum), mean)
+
+    def agree_on_diagnosis(self, report) -> bool:
+        """Whether a collapse is a pure overflow: the report says so."""
+        return report.kind == "overflow"
+
+
+class StepAgreement:
+    """The decision of every rank alike, from the reduced gradients.
+
+    Args:
+        comm: The communicator (``all_reduce``, ``size``).
+        reduce_list: The arrays the step reduces: the gradients, then ``flags`` last.
+        check: The overflow check of the solver's gradients, or None when checking is off;
+            kept as the attribute ``check``.
+        check_before: Check each rank's own gradients before the reduce too (see the
+            module's docstring).
+        accum_grad: Micro-batches per step, for the mean loss.
+    """
+
+    def __init__(self, comm, reduce_list: List["nn.NdArray"],
+                 check: Optional[Callable[[], bool]], check_before: bool,
+                 accum_grad: int) -> None:
+        self._comm = comm
+        self.reduce_list = reduce_list
+        self.check = check
+        self.check_before = check is not None and check_before
+        self._accum_grad = accum_grad
+
+    def decide(self, loss: "nn.Variable", loss_sum: Optional[float]) -> Decision:
+        """Reduces the gradients with the flags (one collective) and checks the result.
+
+        The flags are ``[this rank's overflow, its mean loss, its loss non-finite]``, the
+        last two where the losses were read (``loss_sum`` is not None; every rank reads
+        them alike). On a skipped step whose losses were not read, one more small
+        all-reduce tells whether some rank's loss was non-finite.
+        """
+        mean = 0.0 if loss_sum is None else loss_sum / self._accum_grad
+        local = self.check_before and self.check()
+        bad_loss = loss_sum is not None and not math.isfinite(loss_sum)
+        flags = self.reduce_list[-1]
+        flags.data = np.array([local, mean, bad_loss], dtype=np.float32)
+        self._comm.all_reduce(self.reduce_list, division=False, inplace=True)
+        flag, loss_total, bad_losses = (float(x) for x in flags.data)
+        mean = loss_total / self._comm.size
+        overflow = self.check is not None and (flag > 0.0 or self.check())
+        if not overflow:
+            return Decision(False, False, mean)
+        if loss_sum is None:
+            bad_losses = self._count([not losses_finite(loss, None)])[0]
+        return Decision(True, bad_losses > 0.0, mean)
+
+    def agree_on_diagnosis(self, report) -> bool:
+        """Whether the collapse is a pure overflow, decided alike on every rank.
+
+        Each rank replays only its own batch, so the reports differ when one rank's data
+        caused the overflow; acting on them separately would make some ranks raise while
+        the others wait in the next all-reduce. One extra all-reduce (on this rare path
+        only) combines them: pure overflow when some rank reproduced an overflow that a
+        smaller scale fixes and no rank found a data or model problem.
+        """
+        overflow_votes, problem_votes = self._count(
+            [report.kind == "overflow", report.kind in ("data", "model")])
+        if report.kind == "not_reproduced" and (overflow_votes > 0 or problem_votes > 0):
+            report.notes.append(
+                f"{int(overflow_votes + problem_votes)} other rank(s) reproduced the "
+                "non-finite gradients on their own batches; their reports name the function.")
+        return overflow_votes > 0 and problem_votes == 0
+
+    def _count(self, votes: List[bool]) -> List[float]:
+        """For each question, how many ranks answered yes (one small all-reduce)."""
+        array = nn.NdArray((len(votes),))
+        array.data = np.array(votes, dtype=np.float32)
+        self._comm.all_reduce([array], division=False, inplace=True)
+        return [float(v) for v in array.data]
+
+
+def reduce_list(comm, params: Mapping[str, "nn.Variable"],
+                grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
+                float_only: bool) -> Tuple[List["nn.NdArray"], object]:
+    """The arrays a step reduces, the flags last, and the :class:`SharedGradients` holding
+    them in the communicator's shared memory (or None).
+
+    ``shared_grads`` as the updaters take it (see :func:`use_shared_grads`);
+    ``float_only``: the graph runs in float only (no float16 gradients).
+    """
+    flags = nn.Variable((3,))
+    placed = list(params.values()) + [flags]
+    if use_shared_grads(shared_grads, comm, grads, float_only, placed):
+        shared = comm.share_grads(placed)
+        return shared.arrays, shared   # kept current by shared.zero()
+    arrays = list(grads if grads is not None else (v.grad for v in params.values()))
+    return arrays + [flags.grad], None
+
+
+def use_shared_grads(shared_grads: Optional[bool], comm, grads, float_only: bool,
+                     placed: Sequence["nn.Variable"]) -> bool:
+    """Whether the updater puts the gradients in the communicator's shared memory.
+
+    ``None`` (auto): when the communicator offers it (``share_grads``, with more than one
+    rank and the shared-memory scheme), ``grads`` is not given and the graph runs in float
+    only (float16 gradients would leave the shared memory at every backward pass).
+    ``True`` asks for it and raises, naming the reason, where it cannot be done. If the
+    gradients do not fit in the machine's shared memory, auto logs a warning and does not
+    share them.
+    """
+    if shared_grads is False:
+        return False
+    reasons = []
+    if not hasattr(comm, "share_grads"):
+        reasons.append(f"the communicator ({type(comm).__name__}) has no share_grads")
+    elif getattr(comm, "algorithm", None) != "shared_memory":
+        reasons.append(f"the communicator uses algorithm={getattr(comm, 'algorithm', None)!r}, "
+                       f"not 'shared_memory'")
+    if grads is not None:
+        reasons.append("grads is given (the updater can only place the gradients of the "
+                       "solver's parameters)")
+    if not float_only:
+        reasons.append("the graph runs in float16 (nnabla writes float16 gradients into "
+                       "memory of its own)")
+    if shared_grads is None and (reasons or comm.size == 1):
+        return False
+    if not reasons:
+        # collective, like share_grads itself: every rank gets here alike
+        shortfall = comm.shared_memory_shortfall(list(placed))
+        if shortfall and shared_grads is None:
+            logger.warning(f"nnabla_mpt: the gradients are not shared: {shortfall}")
+            return False
+        if shortfall:
+            reasons.append(shortfall)
+    if reasons:
+        raise ValueError("shared_grads=True cannot be honoured: " + "; ".join(reasons))
+    return True

@@ -1,0 +1,43 @@
+"""What the updaters read off a loss graph: its backend, its precision, its inputs."""
+from typing import List, Set
+
+
+def backend_of(loss) -> List[str]:
+    """The backends (``"cpu:half"``, ...) of the function producing ``loss``; empty when
+    ``loss`` is a leaf."""
+    parent = loss.parent
+    return [] if parent is None else list(parent.context.backend)
+
+
+def precision_of(loss) -> str:
+    """``"half"`` when the function producing ``loss`` runs on a half backend, else
+    ``"float"``."""
+    backend = backend_of(loss)
+    return "half" if backend and backend[0].endswith(":half") else "float"
+
+
+def extension_of(loss) -> str:
+    """The extension (``"cpu"``, ``"cudnn"``, ...) ``loss`` is computed with."""
+    backend = backend_of(loss)
+    return backend[0].split(":")[0] if backend else "cpu"
+
+
+def has_bfloat16(loss) -> bool:
+    """Whether the extension ``loss`` is computed with offers a bfloat16 type."""
+    from nnabla.ext_utils import get_extension_context
+    try:
+        get_extension_context(extension_of(loss), type_config="bfloat16")
+    except (ValueError, ImportError):
+        return False
+    return True
+
+
+def graph_inputs(loss) -> Set:
+    """Every Variable some function of the graph of ``loss`` reads (parameters included)."""
+    seen = set()
+
+    def collect(f):
+        seen.update(f.inputs)  # Variables hash and compare by the underlying variable
+
+    loss.visit(collect)
+    return seen

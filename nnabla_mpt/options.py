@@ -1,0 +1,394 @@
+"""The updaters' arguments: each one named, defaulted, checked and documented here, once.
+
+Both updaters take their arguments through an :class:`UpdaterSignature`: after
+``solver`` and ``loss``, the positional arguments in the order of nnabla's own updater
+(drop-in), then keyword-only options. :meth:`UpdaterSignature.bind` checks every value
+with its option's check, :meth:`UpdaterSignature.signature` is what ``inspect`` and the
+API docs show, and :meth:`UpdaterSignature.document` writes the ``Args:`` entries into the
+updater's docstring. The checks of arguments that depend on each other (the scale bounds,
+the precision schedule, ``grads`` with ``comm``) follow the table.
+"""
+import inspect
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+
+import nnabla as nn
+
+from . import _validate as check
+from . import graph
+from .detector import OverflowMode
+from .policy import DynamicLossScale, FixedLossScale
+from .precision import PrecisionSchedule
+
+FloorPolicy = Literal["raise", "warn", "ignore"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One argument of the updaters.
+
+    Attributes:
+        name: The argument's name.
+        default: Its default value.
+        annotation: Its type, as the signature shows it.
+        doc: Its documentation (the text of its ``Args:`` entry).
+        check: ``check(name, value)`` returns the value to use or raises ``TypeError`` /
+            ``ValueError`` naming the argument and the value.
+    """
+    name: str
+    default: Any
+    annotation: Any
+    doc: str
+    check: Callable[[str, Any], Any]
+
+
+def _optional(check_value: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    return lambda name, value: None if value is None else check_value(name, value)
+
+
+def _real(**bounds) -> Callable[[str, Any], float]:
+    return lambda name, value: check.real(name, value, **bounds)
+
+
+def _integer(ge: int) -> Callable[[str, Any], int]:
+    return lambda name, value: check.integer(name, value, ge=ge)
+
+
+def _choice(*allowed: str) -> Callable[[str, Any], str]:
+    return lambda name, value: check.choice(name, value, allowed)
+
+
+def _callable_or_none(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {value!r}")
+    return value
+
+
+def _communicator(name: str, comm: Any) -> Any:
+    if comm is None:
+        return None
+    for attr in ("all_reduce", "size", "rank"):
+        if not hasattr(comm, attr):
+            raise TypeError(f"{name} must be a communicator with all_reduce, size and rank "
+                            f"(missing {attr!r}), got {type(comm).__name__}")
+    return comm
+
+
+def _ndarrays(name: str, grads: Any) -> Optional[List["nn.NdArray"]]:
+    if grads is None:
+        return None
+    if not isinstance(grads, (list, tuple)) or not all(isinstance(g, nn.NdArray) for g in grads):
+        raise TypeError(f"{name} must be None or a list of nnabla.NdArray, got {grads!r}")
+    return list(grads)
+
+
+def _with_the_schedule(name: str, value: Any) -> Any:
+    """The precision-schedule options are checked together, by :func:`precision_schedule`."""
+    return value
+
+
+def _step_hook(name: str, monitor: Any) -> Any:
+    if monitor is None or callable(monitor):
+        return monitor
+    hint = ""
+    if hasattr(monitor, "save_path"):
+        hint = (" (wrap an nnabla.monitor.Monitor in nnabla_mpt.LossScaleMonitor: "
+                "monitor=LossScaleMonitor(Monitor(path), interval=100))")
+    raise TypeError(f"{name} must be None or a callable taking one StepResult, got "
+                    f"{monitor!r} of type {type(monitor).__name__}{hint}")
+
+
+DATA_FEEDER = Option(
+    "data_feeder", None, Optional[Callable[[], Any]],
+    "Called with no arguments before every forward to load the next batch into the input "
+    "Variables; None when the inputs are already filled.", _callable_or_none)
+SCALE = Option("scale", 8.0, float, "The initial loss scale.", _real(gt=0.0))
+FIXED_SCALE = Option("scale", 128.0, float, "The loss scale; ``>= 1``.",
+                     lambda name, value: FixedLossScale(value).loss_scale)
+SCALING_FACTOR = Option("scaling_factor", 2.0, float, "Growth factor of the scale (> 1).",
+                        _real(gt=1.0))
+N = Option("N", 2000, int,
+           "Consecutive good steps before the scale grows by ``scaling_factor``.",
+           _integer(1))
+ENABLE_OVERFLOW_CHECK = Option(
+    "enable_overflow_check", True, bool,
+    "Skip steps whose gradients overflowed (the scale stays). False runs no check and "
+    "always updates, for networks whose overflow is harmless (clipped or masked later).",
+    check.boolean)
+CLEAR_BUFFER = Option("clear_buffer", True, bool,
+                      "Free intermediate buffers during forward and backward.", check.boolean)
+ACCUM_GRAD = Option("accum_grad", 1, int,
+                    "Forward/backward passes whose gradients are summed per update.",
+                    _integer(1))
+WEIGHT_DECAY = Option("weight_decay", None, Optional[float],
+                      "Weight decay applied to the unscaled gradients, or None.",
+                      _optional(_real(ge=0.0)))
+COMM = Option(
+    "comm", None, Any,
+    "A communicator (``MPICommunicator``, or nnabla's "
+    "``MultiProcessDataParallelCommunicator``) for data-parallel training, or None.",
+    _communicator)
+GRADS = Option("grads", None, Optional[Sequence[nn.NdArray]],
+               "Gradients to all-reduce; None means those of all the solver's parameters.",
+               _ndarrays)
+
+BACKOFF_FACTOR = Option(
+    "backoff_factor", None, Optional[float],
+    "Factor applied to the scale on overflow, in (0, 1); default ``1 / scaling_factor``.",
+    _optional(_real(gt=0.0, lt=1.0)))
+HYSTERESIS = Option(
+    "hysteresis", 1, int,
+    "Overflows tolerated before the scale backs off (see :class:`DynamicLossScale`).",
+    _integer(1))
+MIN_SCALE = Option("min_scale", 1.0, float, "Lower bound of the scale.", _real(gt=0.0))
+MAX_SCALE = Option("max_scale", 2.0 ** 24, float, "Upper bound of the scale.", _real(gt=0.0))
+
+COMMON = (
+    Option("overflow_mode", "inf_nan", OverflowMode,
+           "``\"inf_nan\"`` or ``\"saturation\"`` (see :class:`OverflowDetector`).",
+           _choice("inf_nan", "saturation")),
+    Option("clip_grad_norm", None, Optional[float],
+           "Clip the unscaled gradients to this global L2 norm, or None.",
+           _optional(_real(gt=0.0))),
+    Option("max_retries", 0, int,
+           "Retry mode: after a skipped step, run up to this many more steps on new "
+           "batches within the same ``update()`` call. 0 (default) returns the skipped step.",
+           _integer(0)),
+    Option("average_accum", False, bool,
+           "Divide the accumulated gradients by ``accum_grad`` (default: sum, as nnabla's "
+           "updater does).", check.boolean),
+    Option("average_ranks", False, bool,
+           "Divide the reduced gradients by the number of processes (default: sum, as "
+           "nnabla's updater does).", check.boolean),
+    Option("accelerate_train_mode", None, Optional[str],
+           "Precision schedule ``\"TYPE|TRIGGER|VALUE\"``, e.g. ``\"fast|step|0.9\"``: "
+           "reduced precision (``loss``) first, then full precision "
+           "(``high_precision_loss``, run with scale 1 and the overflow check kept). See "
+           ":mod:`nnabla_mpt.precision`.", _with_the_schedule),
+    Option("total_steps", None, Optional[int],
+           "Total steps of the run, for the ``step`` trigger.", _with_the_schedule),
+    Option("final_loss", None, Optional[float],
+           "Target loss of the run, for the ``loss`` trigger.", _with_the_schedule),
+    Option("high_precision_loss", None, Optional[nn.Variable],
+           "The same network's loss built under the float context, sharing the parameters "
+           "of ``loss``.", _with_the_schedule),
+    Option("floor_policy", "raise", FloorPolicy,
+           "What to do when the loss scale collapses, i.e. when the overflow streak "
+           "reaches ``diagnose_after`` or a step overflows at ``min_scale`` (a fixed scale "
+           "has no floor): the updater replays the last batch with "
+           ":func:`nnabla_mpt.diagnosis.diagnose` and ``\"raise\"`` (default) raises "
+           ":class:`~nnabla_mpt.diagnosis.LossScaleCollapseError` carrying the report; "
+           "``\"warn\"`` logs the report once (``logger.warning``) and keeps skipping; "
+           "``\"ignore\"`` does neither (and runs no diagnosis). The report is kept in "
+           ":attr:`last_report`. A streak is reported at most once. A streak whose report "
+           "says ``kind=\"overflow\"`` (the batch is finite at a smaller scale) while the "
+           "scale can still back off is no collapse: it is logged at info level and "
+           "training goes on; if the scale then reaches ``min_scale`` the floor triggers. "
+           "A step whose loss itself is non-finite is skipped and counted without "
+           "lowering the scale (the policy is not updated for it).",
+           _choice("raise", "warn", "ignore")),
+    Option("diagnose_after", 8, int,
+           "Consecutive overflowing steps that trigger the diagnosis (>= 1). A single "
+           "overflow is only skipped and counted.", _integer(1)),
+    Option("monitor", None, Optional[Callable[[Any], Any]],
+           "A step hook: any callable, called once per step (after the step is complete) "
+           "with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a "
+           ":class:`LossScaleCallback`. None (default) costs one attribute test per step.",
+           _step_hook),
+    Option("shared_grads", None, Optional[bool],
+           "Put the gradients of the solver's parameters in the communicator's shared "
+           "memory (:meth:`MPICommunicator.share_grads`), so that the step's all-reduce "
+           "copies nothing, and zero them there instead of with ``solver.zero_grad()``. "
+           "``None`` (default): do so when ``comm`` offers it with more than one rank and "
+           "the shared-memory scheme, ``grads`` is None and the graph runs in float only, "
+           "and the gradients fit in the machine's shared memory (a warning says when "
+           "they do not); ``True``: require it (``ValueError`` naming the reason where it "
+           "cannot be done); ``False``: never.", _optional(check.boolean)),
+)
+
+
+class UpdaterSignature:
+    """The arguments of one updater after ``solver`` and ``loss``.
+
+    Args:
+        positional: The arguments that may be given by position, in order.
+        keyword: The keyword-only options.
+    """
+
+    def __init__(self, positional: Sequence[Option], keyword: Sequence[Option]) -> None:
+        self.positional = tuple(positional)
+        self.keyword = tuple(keyword)
+        self.options = {o.name: o for o in self.positional + self.keyword}
+
+    def bind(self, owner: str, args: Tuple,
+             kwargs: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """Every option's checked value, from the call's ``args`` (after solver and loss)
+        and ``kwargs``, defaults filled in; and the values as given, for the messages of
+        the checks that compare options.
+
+        Raises:
+            TypeError: too many positional arguments, an unknown keyword (the message
+                lists the valid ones), an argument given twice, or a value of the wrong
+                type.
+            ValueError: a value out of range.
+        """
+        if len(args) > len(self.positional):
+            raise TypeError(f"{owner}() takes at most {len(self.positional) + 2} positional "
+                            f"arguments (solver, loss, "
+                            f"{', '.join(o.name for o in self.positional)}), got "
+                            f"{len(args) + 2}")
+        given = {o.name: value for o, value in zip(self.positional, args)}
+        for name, value in kwargs.items():
+            if name not in self.options:
+                raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}; "
+                                f"valid ones: {', '.join(self.options)}")
+            if name in given:
+                raise TypeError(f"{owner}() got multiple values for argument {name!r}")
+            given[name] = value
+        given = {name: given.get(name, o.default) for name, o in self.options.items()}
+        return {name: o.check(name, given[name]) for name, o in self.options.items()}, given
+
+    def signature(self) -> inspect.Signature:
+        """The signature of the updater's ``__init__``, as ``inspect`` and the docs show it."""
+        P = inspect.Parameter
+        params = [P("self", P.POSITIONAL_OR_KEYWORD), P("solver", P.POSITIONAL_OR_KEYWORD),
+                  P("loss", P.POSITIONAL_OR_KEYWORD)]
+        params += [P(o.name, P.POSITIONAL_OR_KEYWORD, default=o.default,
+                     annotation=o.annotation) for o in self.positional]
+        params += [P(o.name, P.KEYWORD_ONLY, default=o.default, annotation=o.annotation)
+                   for o in self.keyword]
+        return inspect.Signature(params, return_annotation=None)
+
+    def describe(self, cls: type) -> type:
+        """Class decorator: writes an ``Args:`` entry for every option where the class
+        docstring has the line ``{options}``, and gives ``cls.__init__`` the signature."""
+        marker = "        {options}\n"
+        if marker not in (cls.__doc__ or ""):
+            raise ValueError(f"the docstring of {cls.__name__} has no {marker.strip()} line")
+        entries = "".join(_doc_entry(o) for o in self.positional + self.keyword)
+        cls.__doc__ = cls.__doc__.replace(marker, entries)
+        cls.__init__.__signature__ = self.signature()
+        return cls
+
+
+def _doc_entry(option: Option, width: int = 88) -> str:
+    """One ``Args:`` entry, wrapped to the docstring's width."""
+    import textwrap
+    return "\n".join(textwrap.wrap(f"{option.name}: {option.doc}", width=width,
+                                    initial_indent=" " * 8, subsequent_indent=" " * 12,
+                                    break_long_words=False, break_on_hyphens=False)) + "\n"
+
+
+DYNAMIC = UpdaterSignature(
+    (DATA_FEEDER, SCALE, SCALING_FACTOR, N, CLEAR_BUFFER, ACCUM_GRAD, WEIGHT_DECAY, COMM,
+     GRADS),
+    (BACKOFF_FACTOR, HYSTERESIS, MIN_SCALE, MAX_SCALE) + COMMON)
+
+FIXED = UpdaterSignature(
+    (DATA_FEEDER, FIXED_SCALE, ENABLE_OVERFLOW_CHECK, CLEAR_BUFFER, ACCUM_GRAD, WEIGHT_DECAY,
+     COMM, GRADS),
+    COMMON)
+
+
+# -- the arguments that depend on each other ----------------------------------------------
+
+def solver_parameters(solver: Any) -> Dict[str, "nn.Variable"]:
+    """The parameters of ``solver``, checked to be an nnabla solver that has some."""
+    for attr in ("zero_grad", "update", "scale_grad", "check_inf_or_nan_grad",
+                 "get_parameters", "weight_decay", "get_states", "set_states"):
+        if not callable(getattr(solver, attr, None)):
+            raise TypeError(f"solver must be an nnabla solver (missing method {attr!r}), "
+                            f"got {type(solver).__name__}")
+    params = solver.get_parameters()
+    if len(params) == 0:
+        raise ValueError("solver has no parameters: call solver.set_parameters(...) "
+                         "before creating the updater")
+    return params
+
+
+def scalar_loss(loss: Any, name: str = "loss") -> "nn.Variable":
+    """``loss``, checked to be a one-element Variable."""
+    if not isinstance(loss, nn.Variable):
+        raise TypeError(f"{name} must be an nnabla.Variable, got {type(loss).__name__}")
+    if loss.size != 1:
+        raise ValueError(f"{name} must be a scalar Variable (one element), got shape "
+                         f"{tuple(loss.shape)}")
+    return loss
+
+
+def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any]) -> DynamicLossScale:
+    """The policy of the dynamic updater, its bounds checked against each other."""
+    lo, hi, scale = values["min_scale"], values["max_scale"], values["scale"]
+    if lo > hi:
+        raise ValueError(f"min_scale must be <= max_scale, got min_scale="
+                         f"{given['min_scale']!r} and max_scale={given['max_scale']!r}")
+    if not lo <= scale <= hi:
+        raise ValueError(f"scale must lie in [min_scale, max_scale] = [{lo:g}, {hi:g}], "
+                         f"got scale={given['scale']!r}")
+    backoff = values["backoff_factor"]
+    if backoff is None:
+        backoff = 1.0 / values["scaling_factor"]
+    return DynamicLossScale(init_scale=scale, growth_factor=values["scaling_factor"],
+                            backoff_factor=backoff, growth_interval=values["N"],
+                            hysteresis=values["hysteresis"], min_scale=lo, max_scale=hi)
+
+
+def fixed_policy(values: Mapping[str, Any]) -> FixedLossScale:
+    """The policy of the fixed updater; retries need the overflow check."""
+    if values["max_retries"] and not values["enable_overflow_check"]:
+        raise ValueError(f"max_retries={values['max_retries']!r} needs "
+                         f"enable_overflow_check=True: without the check no step is ever "
+                         f"skipped")
+    return FixedLossScale(values["scale"])
+
+
+def exchanged_grads(values: Mapping[str, Any]) -> Optional[List["nn.NdArray"]]:
+    """``grads`` with ``comm``: None stands for all of the solver's gradients."""
+    grads, comm = values["grads"], values["comm"]
+    if grads is not None and len(grads) == 0:
+        if comm is None:
+            return None     # nnabla's default, spelled out: nothing to exchange
+        raise ValueError("grads must not be empty when a communicator is given: grads=[] "
+                         "would exchange nothing; pass grads=None to exchange the gradients "
+                         "of all the solver's parameters")
+    if values["shared_grads"] and comm is None:
+        raise ValueError("shared_grads=True needs a communicator (comm=...): the "
+                         "gradients are placed in the communicator's shared memory")
+    return grads
+
+
+def precision_schedule(values: Mapping[str, Any], loss: "nn.Variable",
+                       params: Mapping[str, "nn.Variable"]):
+    """``(schedule, high_precision_loss)`` of ``accelerate_train_mode`` and the options that
+    go with it, ``(None, None)`` without it; checked against the graphs of both losses."""
+    mode, high_precision_loss = values["accelerate_train_mode"], values["high_precision_loss"]
+    if mode is None:
+        for name in ("total_steps", "final_loss", "high_precision_loss"):
+            if values[name] is not None:
+                raise ValueError(f"{name}={values[name]!r} needs accelerate_train_mode "
+                                 f"(e.g. 'fast|step|0.9'), which is None")
+        return None, None
+    schedule = PrecisionSchedule(mode, total_steps=values["total_steps"],
+                                 final_loss=values["final_loss"])
+    if schedule.mode.type == "fast1" and not graph.has_bfloat16(loss):
+        raise ValueError(f"accelerate_train_mode={mode!r} asks for bfloat16 ('fast1'), but "
+                         f"the backend {graph.extension_of(loss)!r} of this nnabla has no "
+                         f"bfloat16 type; use 'fast' (float16) instead")
+    if graph.precision_of(loss) != "half":
+        raise ValueError(f"accelerate_train_mode={mode!r} needs loss built under a half "
+                         f"context (get_extension_context(..., type_config='half')); the "
+                         f"given loss runs in float")
+    if high_precision_loss is None:
+        raise ValueError(f"accelerate_train_mode={mode!r} needs high_precision_loss: the same "
+                         f"network's loss built under the full-precision context")
+    high_precision_loss = scalar_loss(high_precision_loss, "high_precision_loss")
+    if graph.precision_of(high_precision_loss) != "float":
+        raise ValueError("high_precision_loss must be built under a float context "
+                         "(type_config='float'); the given one runs in half")
+    used = graph.graph_inputs(high_precision_loss)
+    missing = sorted(name for name, v in params.items() if v not in used)
+    if missing:
+        raise ValueError(f"high_precision_loss does not use the solver's parameters "
+                         f"{missing}: build it in the same parameter scope as loss so that "
+                         f"both graphs share them")
+    return schedule, high_precision_loss
