@@ -55,11 +55,6 @@ class AccelerateTrainMode:
     value: float
     text: str
 
-    @property
-    def reduced_dtype(self) -> str:
-        """``"half"`` for ``fast``, ``"bfloat16"`` for ``fast1``."""
-        return TYPES[self.type]
-
     @classmethod
     def parse(cls, mode: Any) -> "AccelerateTrainMode":
         """Parses and validates ``mode``.
