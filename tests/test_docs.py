@@ -5,47 +5,14 @@ in one fresh interpreter, as a reader would paste them. Docstring examples run a
 """
 import doctest
 import importlib
-import pathlib
-import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from doc_pages import ROOT, md_blocks, page_blocks, rst_blocks
+
 PAGES = sorted((ROOT / "docs").glob("*.rst")) + [ROOT / "README.md"]
-
-
-def rst_blocks(text: str):
-    """Bodies of ``.. code-block:: python`` directives (options skipped)."""
-    lines = text.splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        if re.match(r"^\s*\.\. code-block:: python\s*$", lines[i]):
-            indent = len(lines[i]) - len(lines[i].lstrip())
-            i += 1
-            body = []
-            while i < len(lines):
-                line = lines[i]
-                if line.strip() and (len(line) - len(line.lstrip())) <= indent:
-                    break
-                body.append(line)
-                i += 1
-            body = [b for b in body if not re.match(r"^\s*:\w[\w-]*:", b)]
-            blocks.append(textwrap.dedent("\n".join(body)).strip("\n"))
-        else:
-            i += 1
-    return blocks
-
-
-def md_blocks(text: str):
-    return [m.group(1) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
-
-
-def page_blocks(page: pathlib.Path):
-    text = page.read_text(encoding="utf-8")
-    return md_blocks(text) if page.suffix == ".md" else rst_blocks(text)
 
 
 def test_block_extraction_sees_code():
@@ -65,6 +32,15 @@ def test_page_examples_run(page, tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, (f"examples of {page.name} failed:\n{proc.stdout[-3000:]}\n"
                                   f"{proc.stderr[-3000:]}")
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    if "print(" in script:
+        assert proc.stdout.strip(), f"the examples of {page.name} print nothing"
+    # What the page shows as output (its text blocks) is what the examples print today.
+    for shown in page_blocks(page, "text"):
+        if shown.startswith("Loss-scale diagnosis") or "print(" in script:
+            assert shown in proc.stdout, (f"{page.name} shows output its examples no "
+                                          f"longer print:\n{shown}\n--- they print:\n"
+                                          f"{proc.stdout[-3000:]}")
 
 
 MODULES = ["nnabla_mpt.policy", "nnabla_mpt.detector", "nnabla_mpt.updater",

@@ -1,22 +1,15 @@
 """The output shown on docs/quickstart.rst is what its training loop prints today."""
-import pathlib
-import re
 import subprocess
 import sys
-import textwrap
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "quickstart.rst"
+from doc_pages import ROOT, rst_blocks
 
-
-def blocks(text, language):
-    """Bodies of the page's ``.. code-block:: <language>`` directives."""
-    pattern = re.compile(r"^\.\. code-block:: " + language + r"\n\n((?:    .*\n|\n)+)", re.M)
-    return [textwrap.dedent(m.group(1)).strip("\n") for m in pattern.finditer(text)]
+PAGE = ROOT / "docs" / "quickstart.rst"
 
 
 def test_shown_output_is_what_the_training_loop_prints(tmp_path):
     text = PAGE.read_text(encoding="utf-8")
-    code, shown = blocks(text, "python"), blocks(text, "text")
+    code, shown = rst_blocks(text, "python"), rst_blocks(text, "text")
     assert len(code) == 2 and len(shown) == 1
     script = tmp_path / "quickstart_loop.py"
     script.write_text(code[0], encoding="utf-8")
@@ -29,7 +22,7 @@ def test_shown_output_is_what_the_training_loop_prints(tmp_path):
 
 
 def test_checkpoint_example_runs_alone_and_resumes_exactly(tmp_path):
-    code = blocks(PAGE.read_text(encoding="utf-8"), "python")[1]
+    code = rst_blocks(PAGE.read_text(encoding="utf-8"), "python")[1]
     script = tmp_path / "quickstart_resume.py"
     script.write_text(code, encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,

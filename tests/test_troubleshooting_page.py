@@ -1,25 +1,15 @@
 """The reports shown on docs/troubleshooting.rst are what its code prints today."""
-import pathlib
-import re
 import subprocess
 import sys
-import textwrap
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.rst"
+from doc_pages import ROOT, rst_blocks
 
-
-def blocks(text, language):
-    """Bodies of the page's ``.. code-block:: <language>`` directives."""
-    found = []
-    pattern = re.compile(r"^\.\. code-block:: " + language + r"\n\n((?:    .*\n|\n)+)", re.M)
-    for m in pattern.finditer(text):
-        found.append(textwrap.dedent(m.group(1)).strip("\n"))
-    return found
+PAGE = ROOT / "docs" / "troubleshooting.rst"
 
 
 def test_shown_reports_match_the_output_of_the_page_code(tmp_path):
     text = PAGE.read_text(encoding="utf-8")
-    code, shown = blocks(text, "python"), blocks(text, "text")
+    code, shown = rst_blocks(text, "python"), rst_blocks(text, "text")
     assert len(code) >= 5 and len(shown) == 2
     script = tmp_path / "troubleshooting.py"
     script.write_text("\n\n".join(code), encoding="utf-8")

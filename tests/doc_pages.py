@@ -1,0 +1,41 @@
+"""The code blocks of the documentation pages, as the tests that run them read them."""
+import pathlib
+import re
+import textwrap
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def rst_blocks(text: str, language: str = "python"):
+    """Bodies of the ``.. code-block:: <language>`` directives of an rst text, in order
+    (directive options such as ``:caption:`` skipped)."""
+    lines = text.splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        if re.match(r"^\s*\.\. code-block:: " + re.escape(language) + r"\s*$", lines[i]):
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            i += 1
+            body = []
+            while i < len(lines):
+                line = lines[i]
+                if line.strip() and (len(line) - len(line.lstrip())) <= indent:
+                    break
+                body.append(line)
+                i += 1
+            body = [b for b in body if not re.match(r"^\s*:\w[\w-]*:", b)]
+            blocks.append(textwrap.dedent("\n".join(body)).strip("\n"))
+        else:
+            i += 1
+    return blocks
+
+
+def md_blocks(text: str, language: str = "python"):
+    """Bodies of the fenced ```<language> blocks of a Markdown text, in order."""
+    return [m.group(1) for m in re.finditer(r"```" + re.escape(language) + r"\n(.*?)```",
+                                            text, re.S)]
+
+
+def page_blocks(page: pathlib.Path, language: str = "python"):
+    """The ``language`` blocks of a docs page (``.rst``) or of the README (``.md``)."""
+    text = page.read_text(encoding="utf-8")
+    return md_blocks(text, language) if page.suffix == ".md" else rst_blocks(text, language)
