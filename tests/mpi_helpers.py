@@ -6,10 +6,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 WORKERS = Path(__file__).resolve().parent / "mpi_workers"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 TIMEOUT = 120  # seconds; every launch is bounded so a hang fails the test instead of CI
+RANKS = [2, 3]  # the rank counts every MPI test runs with
 
 
 SHM = Path("/dev/shm")
@@ -76,6 +78,15 @@ def run_workers_once(n, worker, tmp_path_factory):
     outdir = tmp_path_factory.mktemp(f"{worker.rsplit('.', 1)[0]}_np{n}")
     check_ok(run_mpi(n, worker, outdir))
     return load_ranks(outdir, n)
+
+
+def ranks_fixture(worker):
+    """A module-scoped fixture running ``mpi_workers/<worker>`` once for each of
+    :data:`RANKS`; its value is ``(n, per-rank results)`` (see :func:`load_ranks`)."""
+    @pytest.fixture(scope="module", params=RANKS, ids=lambda n: f"np{n}")
+    def run(request, tmp_path_factory):
+        return request.param, run_workers_once(request.param, worker, tmp_path_factory)
+    return run
 
 
 def bits(x):

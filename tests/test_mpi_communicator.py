@@ -9,16 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from mpi_helpers import TIMEOUT, bits, run_mpi, run_workers_once
+from mpi_helpers import RANKS, TIMEOUT, bits, ranks_fixture, run_mpi
 
-RANKS = [2, 3]
-
-
-@pytest.fixture(scope="module", params=RANKS, ids=lambda n: f"np{n}")
-def collectives(request, tmp_path_factory):
-    """Run tests/mpi_workers/collectives.py once per rank count; per-rank results."""
-    n = request.param
-    return n, run_workers_once(n, "collectives.py", tmp_path_factory)
+collectives = ranks_fixture("collectives.py")
 
 
 def _assert_same_bits_on_all_ranks(res, key):

@@ -7,17 +7,12 @@ on one rank, in rank order (x0 + x1 + ...), in float32.
 import numpy as np
 import pytest
 
-from mpi_helpers import bits, run_workers_once
+from mpi_helpers import bits, ranks_fixture
 from nnabla_mpt._fused import shm_area_bytes
 
-RANKS = [2, 3]
 SHAPES = [(600, 1000), (7,), (3, 5, 2), (1,), (1000, 100)]
 
-
-@pytest.fixture(scope="module", params=RANKS, ids=lambda n: f"np{n}")
-def run(request, tmp_path_factory):
-    n = request.param
-    return n, run_workers_once(n, "shared_grads.py", tmp_path_factory)
+run = ranks_fixture("shared_grads.py")
 
 
 def _expected(res, tag, i, division=False):

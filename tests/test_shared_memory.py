@@ -4,18 +4,11 @@ The scheme sums every element once, on one rank, in rank order, in float32 (floa
 an array needs it): the tests compute that exact sum with NumPy and compare bit for bit.
 """
 import numpy as np
-import pytest
 
-from mpi_helpers import bits, run_workers_once
+from mpi_helpers import bits, ranks_fixture
 from nnabla_mpt._fused import shm_area_bytes
 
-RANKS = [2, 3]
-
-
-@pytest.fixture(scope="module", params=RANKS, ids=lambda n: f"np{n}")
-def shm(request, tmp_path_factory):
-    n = request.param
-    return n, run_workers_once(n, "shared_memory.py", tmp_path_factory)
+shm = ranks_fixture("shared_memory.py")
 
 
 def _rank_order_sum(xs, dtype):
