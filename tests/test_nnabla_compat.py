@@ -1,10 +1,12 @@
 """Drop-in compatibility with nnabla's experimental DynamicLossScalingUpdater (float context)."""
+import inspect
+
 import numpy as np
 import pytest
 from nnabla.experimental.mixed_precision_training import \
     DynamicLossScalingUpdater as NnablaUpdater
 
-from nnabla_mpt import DynamicLossScalingUpdater
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
 from support import Net
 
 HP = {"Sgd": dict(lr=0.05), "Momentum": dict(lr=0.05, momentum=0.9),
@@ -143,3 +145,44 @@ def test_explicit_empty_grads_without_communicator_runs_unchanged():
         b.update()
     for name in theirs.params:
         assert theirs.params[name].d.tobytes() == ours.params[name].d.tobytes(), name
+
+
+def _positional(cls):
+    return [(p.name, p.default) for p in inspect.signature(cls).parameters.values()
+            if p.kind is p.POSITIONAL_OR_KEYWORD]
+
+
+EMPTY = inspect.Parameter.empty
+
+
+def test_positional_arguments_are_pinned():
+    # nnabla's order and names, then our defaults (grads=None where nnabla has [], a
+    # feeder None where nnabla has a lambda that raises).
+    names = [name for name, _ in _positional(NnablaUpdater)]
+    assert [name for name, _ in _positional(DynamicLossScalingUpdater)] == names
+    assert _positional(DynamicLossScalingUpdater) == [
+        ("solver", EMPTY), ("loss", EMPTY), ("data_feeder", None),
+        ("scale", 8.0), ("scaling_factor", 2.0), ("N", 2000), ("clear_buffer", True),
+        ("accum_grad", 1), ("weight_decay", None), ("comm", None), ("grads", None)]
+    assert _positional(FixedLossScalingUpdater) == [
+        ("solver", EMPTY), ("loss", EMPTY), ("data_feeder", None),
+        ("scale", 128.0), ("enable_overflow_check", True), ("clear_buffer", True),
+        ("accum_grad", 1), ("weight_decay", None), ("comm", None), ("grads", None)]
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_every_option_is_keyword_only_documented_and_known(cls):
+    params = inspect.signature(cls).parameters
+    keyword = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    assert "floor_policy" in keyword and "shared_grads" in keyword
+    for name in list(params)[2:]:
+        assert f"\n        {name}: " in cls.__doc__, f"{name} is not documented"
+    net = Net()
+    with pytest.raises(TypeError, match=r"got an unexpected keyword argument 'scael'; "
+                                        r"valid ones: data_feeder, scale, .*shared_grads$"):
+        cls(net.solver(), net.loss, scael=2.0)
+    with pytest.raises(TypeError, match=r"got multiple values for argument 'scale'"):
+        cls(net.solver(), net.loss, None, 2.0, scale=4.0)
+    too_many = [None] * (len(params) - 1)
+    with pytest.raises(TypeError, match=r"takes at most \d+ positional arguments"):
+        cls(net.solver(), net.loss, *too_many)

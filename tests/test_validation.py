@@ -131,10 +131,21 @@ def test_fixed_updater_arguments(net, kwargs, exc, message):
         FixedLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, **kwargs)
 
 
-def test_fixed_updater_without_check_and_no_retries_is_fine(net):
-    u = FixedLossScalingUpdater(net.solver(), net.loss, enable_overflow_check=False,
-                                max_retries=0)
+def test_fixed_updater_without_check_updates_every_step_even_an_overflowing_one():
+    # float16 linear net: batch 1 (x * 20) overflows the gradients at scale 2048. With the
+    # check off (and max_retries=0, the only value allowed then) nothing is skipped: the
+    # overflowing step is applied and its inf/NaN reach the parameters.
+    net = Net("half")
+    net.large = {1}
+    u = FixedLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
+                                scale=2048.0, enable_overflow_check=False, max_retries=0)
     assert u.enable_overflow_check is False
+    first = u.update()
+    assert first.skipped is False and all(np.isfinite(v).all() for v in net.snapshot().values())
+    second = u.update()
+    assert second.skipped is False and second.scale == 2048.0
+    assert not all(np.isfinite(v).all() for v in net.snapshot().values())
+    assert (u.steps, u.updates, u.skipped_steps) == (2, 2, 0)
 
 
 @pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
