@@ -20,16 +20,12 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _validate as check
+from .dtypes import FP16_MAX
 
-__all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose", "KINDS"]
+__all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose"]
 
 Kind = Literal["overflow", "model", "data", "not_reproduced"]
 Phase = Literal["forward", "backward"]
-
-#: Values of :attr:`OverflowReport.kind`.
-KINDS = ("overflow", "model", "data", "not_reproduced")
-
-_FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 # --------------------------------------------------------------------------- report
@@ -779,7 +775,7 @@ def _finish(report: OverflowReport, params: Mapping[str, Any]) -> OverflowReport
     """Notes that depend only on the finished report."""
     if report.kind in ("model", "data") and report.phase == "forward":
         big = [report.input_names[i] for i, m in enumerate(report.input_max_abs)
-               if m > _FLOAT16_MAX]
+               if m > FP16_MAX]
         if big and any(d == "float16" for d in report.output_dtypes):
             report.notes.append(
                 "input(s) " + ", ".join(big) + " hold finite values beyond the float16 "
