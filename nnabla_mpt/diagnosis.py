@@ -13,295 +13,17 @@ The report is a dataclass for programs (``report.kind``, ``report.function``,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
 from . import _validate as check
 from .dtypes import FP16_MAX
 from .report import LossScaleCollapseError, OverflowReport, fmt_scale
+from .watch import (BackwardWatch, ForwardWatch, array_stats, narrowest_float,
+                    narrowest_float_max)
 
 __all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose"]
-
-
-# --------------------------------------------------------------------------- replay
-
-
-def _stats(arr: np.ndarray) -> Tuple[int, float, float]:
-    """(number of non-finite values, max |finite|, min |finite|) of an array."""
-    a = np.asarray(arr)
-    if a.size == 0:
-        return 0, float("nan"), float("nan")
-    if a.dtype.kind not in "fc":
-        aa = np.abs(a)
-        return 0, float(aa.max()), float(aa.min())
-    fin = np.isfinite(a)
-    bad = int(a.size - np.count_nonzero(fin))
-    if bad == a.size:
-        return bad, float("nan"), float("nan")
-    aa = np.abs(a[fin] if bad else a).astype(np.float64)
-    return bad, float(aa.max()), float(aa.min())
-
-
-def _dtype_name(array: Any) -> str:
-    try:
-        return str(array.dtype)
-    except Exception:  # an array never written has no dtype yet
-        return "uninitialized"
-
-
-def _scope_of(names: List[str]) -> Optional[str]:
-    if not names:
-        return None
-    parts = [n.split("/")[:-1] for n in names]
-    common: List[str] = []
-    for level in zip(*parts):
-        if all(p == level[0] for p in level):
-            common.append(level[0])
-        else:
-            break
-    return "/".join(common) if common else names[0]
-
-
-@dataclass
-class _Rec:
-    type_name: str
-    inputs: List[int]
-    outputs: List[int]
-    params: List[str]
-
-
-class _Replay:
-    """State shared by the hooks of one diagnosis."""
-
-    def __init__(self, param_names: Dict[int, str]) -> None:
-        self.param_names = param_names
-        self.records: List[_Rec] = []
-        self.producer: Dict[int, int] = {}       # output hash -> forward index
-        self.fwd_index: Dict[int, int] = {}      # function hash -> forward index
-        self.finite: Dict[int, bool] = {}        # variable hash -> data all finite
-        self.leaves: Dict[int, Any] = {}         # leaf hash -> Variable (need_grad)
-        self.leaf_names: Dict[int, str] = {}
-        self.error: Optional[BaseException] = None
-        self.culprit: Optional[Dict[str, Any]] = None
-
-    # names ------------------------------------------------------------------
-    def name_of(self, var: Any) -> str:
-        h = hash(var)
-        if h in self.param_names:
-            return self.param_names[h]
-        if h in self.producer:
-            k = self.producer[h]
-            return f"{self.records[k].type_name}#{k}"
-        if h not in self.leaf_names:
-            n = var.name
-            self.leaf_names[h] = f"input '{n}'" if n else f"input #{len(self.leaf_names)}"
-        return self.leaf_names[h]
-
-    # forward hooks ----------------------------------------------------------
-    def fwd_pre(self, f: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            leaves = [v for v in f.inputs if v.parent is None]
-            for v in leaves:
-                if v.need_grad:
-                    self.leaves.setdefault(hash(v), v)
-            if self.culprit is not None:
-                return
-            bad = []
-            for v in leaves:
-                h = hash(v)
-                if h not in self.finite:
-                    self.finite[h] = _stats(v.d)[0] == 0
-                if not self.finite[h]:
-                    bad.append(self.name_of(v))
-            if bad:
-                k = len(self.records)
-                self._add_record(f)
-                self.culprit = dict(kind="data", phase="forward", f=f, index=k,
-                                    bad_leaves=bad)
-        except BaseException as e:  # surfaced after the pass; nnabla would mask it
-            self.error = e
-
-    def _add_record(self, f: Any) -> None:
-        k = len(self.records)
-        ins = [hash(v) for v in f.inputs]
-        outs = [hash(v) for v in f.outputs]
-        self.records.append(_Rec(f.info.type_name, ins, outs,
-                                 [self.param_names[h] for h in ins
-                                  if h in self.param_names]))
-        self.fwd_index[hash(f)] = k
-        for h in outs:
-            self.producer[h] = k
-
-    def fwd_post(self, f: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            if hash(f) in self.fwd_index:   # recorded by fwd_pre (a data culprit)
-                return
-            k = len(self.records)
-            self._add_record(f)
-            if self.culprit is not None:
-                return
-            outputs_finite = True
-            for v in f.outputs:
-                fin = _stats(v.d)[0] == 0
-                self.finite[hash(v)] = fin
-                outputs_finite &= fin
-            if not outputs_finite and all(self.finite.get(hash(v), True)
-                                          for v in f.inputs):
-                self.culprit = dict(kind="model", phase="forward", f=f, index=k)
-        except BaseException as e:
-            self.error = e
-
-    def raise_error(self) -> None:
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
-
-    # description ------------------------------------------------------------
-    def describe(self, report: OverflowReport, culprit: Dict[str, Any],
-                 chain_length: int) -> None:
-        f = culprit["f"]
-        k = self.fwd_index.get(hash(f))
-        report.function = f.info.type_name
-        report.index = culprit["index"]
-        report.forward_index = k
-        report.input_names = [self.name_of(v) for v in f.inputs]
-        report.input_shapes = [tuple(v.shape) for v in f.inputs]
-        stats = [_stats(v.d) for v in f.inputs]
-        report.input_dtypes = [_dtype_name(v.data) for v in f.inputs]
-        report.input_nonfinite = [s[0] for s in stats]
-        report.input_max_abs = [s[1] for s in stats]
-        report.input_min_abs = [s[2] for s in stats]
-        report.output_shapes = [tuple(v.shape) for v in f.outputs]
-        report.output_dtypes = [_dtype_name(v.data) for v in f.outputs]
-        if k is None:
-            report.path = report.function
-            return
-        # producing chain along the first input that has a producer
-        chain = [k]
-        cur = k
-        while len(chain) < chain_length:
-            ups = [self.producer[h] for h in self.records[cur].inputs if h in self.producer]
-            if not ups:
-                break
-            cur = ups[0]
-            chain.append(cur)
-        truncated = len(chain) == chain_length and any(
-            h in self.producer for h in self.records[chain[-1]].inputs)
-        parts = []
-        for j in reversed(chain):
-            rec = self.records[j]
-            sc = _scope_of(rec.params)
-            parts.append(f"{rec.type_name}#{j}" + (f"[{sc}]" if sc else ""))
-        report.path = ("... -> " if truncated else "") + " -> ".join(parts)
-        # own scope, else the nearest parametric function upstream (any input)
-        own = _scope_of(self.records[k].params)
-        if own:
-            report.scope = own
-            return
-        seen, todo = set(), [k]
-        while todo:
-            j = todo.pop(0)
-            for h in self.records[j].inputs:
-                u = self.producer.get(h)
-                if u is None or u in seen:
-                    continue
-                seen.add(u)
-                sc = _scope_of(self.records[u].params)
-                if sc:
-                    report.scope, report.scope_is_upstream = sc, True
-                    return
-                todo.append(u)
-
-
-class _BackwardWatch:
-    """Hooks for one backward pass: where gradients turn non-finite, and who is to blame.
-
-    A function is an *origin* when it turns an input gradient non-finite while every
-    gradient flowing into it (its outputs' gradients) is finite. Each variable remembers
-    the function that first made its gradient non-finite, so a non-finite parameter
-    gradient can be traced back through the propagating functions to its origins.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.error: Optional[BaseException] = None
-        self.grad_bad: Dict[int, bool] = {}
-        self.turned_bad_by: Dict[int, int] = {}   # variable hash -> backward index
-        self.bad_outputs: Dict[int, List[int]] = {}  # backward index -> bad output hashes
-        self.origins: List[Dict[str, Any]] = []
-        self.grad_max = 0.0
-        self._out: List[Tuple[int, float, float]] = []
-
-    def pre(self, f: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            self._out = [_stats(v.g) for v in f.outputs]
-        except BaseException as e:  # surfaced after the pass; nnabla would mask it
-            self.error = e
-
-    def post(self, f: Any) -> None:
-        idx = self.count
-        self.count += 1
-        if self.error is not None:
-            return
-        try:
-            out = self._out
-            newly = False
-            in_stats: List[Tuple[int, float, float]] = []
-            for v in f.inputs:
-                if not v.need_grad:
-                    continue
-                st = _stats(v.g)
-                in_stats.append(st)
-                h = hash(v)
-                if st[0] and not self.grad_bad.get(h, False):
-                    self.turned_bad_by[h] = idx
-                    self.grad_bad[h] = newly = True
-            for st in out + in_stats:
-                if not math.isnan(st[1]):
-                    self.grad_max = max(self.grad_max, st[1])
-            if newly:
-                bad_out = [hash(v) for v, st in zip(f.outputs, out) if st[0]]
-                self.bad_outputs[idx] = bad_out
-                if not bad_out:
-                    self.origins.append(dict(
-                        f=f, index=idx, fhash=hash(f),
-                        out_grad_max=[st[1] for st in out],
-                        in_grad_dtypes=[_dtype_name(v.grad) if v.need_grad else "-"
-                                        for v in f.inputs]))
-        except BaseException as e:
-            self.error = e
-
-    def run(self, loss: Any, scale: float) -> "_BackwardWatch":
-        loss.backward(scale, clear_buffer=False, function_pre_hook=self.pre,
-                      function_post_hook=self.post)
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def responsible(self, var_hashes: List[int]) -> List[Dict[str, Any]]:
-        """Origins whose non-finite gradients reach the given variables, in order."""
-        by_index = {o["index"]: o for o in self.origins}
-        found, seen = set(), set()
-        todo = [self.turned_bad_by[h] for h in var_hashes if h in self.turned_bad_by]
-        while todo:
-            g = todo.pop()
-            if g in seen:
-                continue
-            seen.add(g)
-            if g in by_index:
-                found.add(g)
-                continue
-            todo.extend(self.turned_bad_by[h] for h in self.bad_outputs.get(g, [])
-                        if h in self.turned_bad_by)
-        return [by_index[i] for i in sorted(found)]
 
 
 def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None, *,
@@ -362,15 +84,12 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be None or a mapping name -> nnabla.Variable "
                         f"(e.g. solver.get_parameters()), got {type(params).__name__}")
-    param_names = {hash(v): name for name, v in params.items()}
 
-    rp = _Replay(param_names)
+    rp = ForwardWatch(params)
     report = OverflowReport(kind="not_reproduced", scale=scale)
 
     # forward --------------------------------------------------------------------
-    loss.forward(clear_no_need_grad=False, function_pre_hook=rp.fwd_pre,
-                 function_post_hook=rp.fwd_post)
-    rp.raise_error()
+    rp.run(loss)
     report.num_functions = len(rp.records)
     report.loss_value = float(np.asarray(loss.d, dtype=np.float64).reshape(-1)[0]) \
         if loss.size == 1 else float(np.asarray(loss.d, dtype=np.float64).sum())
@@ -383,7 +102,7 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
 
     def nonfinite_params() -> List[str]:
         return [name for name, v in params.items()
-                if hash(v) in rp.leaves and _stats(v.g)[0]]
+                if hash(v) in rp.leaves and array_stats(v.g)[0]]
 
     def bad_hashes(names: List[str]) -> List[int]:
         return [hash(params[n]) for n in names]
@@ -397,7 +116,7 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
     try:
         zero_grads()
         fwd = rp.culprit
-        watch = _BackwardWatch().run(loss, scale)
+        watch = BackwardWatch().run(loss, scale)
         report.nonfinite_params = nonfinite_params()
         blamed = watch.responsible(bad_hashes(report.nonfinite_params))
         masked_fwd = None
@@ -421,7 +140,7 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
                 at_one, bad_one = watch, report.nonfinite_params
             else:
                 zero_grads()
-                at_one = _BackwardWatch().run(loss, 1.0)
+                at_one = BackwardWatch().run(loss, 1.0)
                 bad_one = nonfinite_params()
             report.finite_at_scale_one = not bad_one
             culprit = origins[0]
@@ -446,15 +165,15 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
             if others and report.kind == "overflow":
                 report.notes.append(
                     "other functions whose overflow reaches the parameters: " + ", ".join(
-                        f"{o['f'].info.type_name} (#{rp.fwd_index.get(o['fhash'])})"
+                        f"{o['f'].info.type_name} (#{rp.position(o['f'])})"
                         for o in others) + ".")
-            gmax = _dtype_max(report.input_grad_dtypes)
+            gmax = narrowest_float_max(report.input_grad_dtypes)
             if report.kind == "overflow" and gmax is not None and at_one.grad_max > 0:
                 report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / at_one.grad_max))
             if gmax is not None and scale > gmax:
                 report.notes.append(
                     f"the scale {fmt_scale(scale)} itself is larger than the largest "
-                    f"{_grad_dtype(report.input_grad_dtypes)} value ({gmax:.6g}): the "
+                    f"{narrowest_float(report.input_grad_dtypes)} value ({gmax:.6g}): the "
                     "gradient seeded into the backward pass cannot be represented, "
                     "whatever the model does.")
         if masked_fwd is not None:
@@ -481,14 +200,3 @@ def _finish(report: OverflowReport, params: Mapping[str, Any]) -> OverflowReport
                             "loaded checkpoint corrupted it.")
     return report
 
-
-def _dtype_max(dtypes: List[str]) -> Optional[float]:
-    name = _grad_dtype(dtypes)
-    return float(np.finfo(np.dtype(name)).max) if name else None
-
-
-def _grad_dtype(dtypes: List[str]) -> Optional[str]:
-    floats = [d for d in dtypes if d.startswith("float")]
-    if not floats:
-        return None
-    return min(floats, key=lambda d: np.finfo(np.dtype(d)).max)
