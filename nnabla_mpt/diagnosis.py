@@ -8,12 +8,15 @@ overflowing steps or an overflow at the scale floor calls for an explanation; a 
 step never runs any of this code.
 
 The report is a dataclass for programs (``report.kind``, ``report.function``,
-``report.phase``, ``report.nonfinite_params``, ...) and prints as a text for people.
+``report.phase``, ``report.nonfinite_params``, ...) and prints as a text for people; it
+lives in ``nnabla_mpt.report``, the hooks that watch each pass in ``nnabla_mpt.watch``.
+This module runs the passes and classifies what they saw.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -72,6 +75,30 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
         TypeError: if ``loss`` is not an ``nnabla.Variable`` or ``params`` not a mapping.
         ValueError: if ``scale`` is not finite and > 0, or ``chain_length`` < 1.
     """
+    scale, params, chain_length = _checked_arguments(loss, scale, params, chain_length)
+    forward = ForwardWatch(params).run(loss)
+    report = OverflowReport(kind="not_reproduced", scale=scale,
+                            num_functions=len(forward.records), loss_value=_loss_value(loss))
+    with _Replay(loss, params, forward) as replay:   # gradients are zero again on exit
+        at_scale = replay.backward(scale)
+        report.nonfinite_params = at_scale.bad_params
+        fwd = forward.culprit
+        if fwd is not None and _forward_is_to_blame(report, fwd, at_scale):
+            _forward_finding(report, forward, fwd, chain_length)
+        elif at_scale.origins:  # the same batch at scale 1: an overflow, or a model problem?
+            at_one = at_scale if scale == 1.0 else replay.backward(1.0)
+            _backward_finding(report, forward, at_scale, at_one, fwd, chain_length)
+        elif fwd is not None:
+            report.notes.append(_masked_and_harmless(fwd))
+    return _closing_notes(report, params)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def _checked_arguments(loss: Any, scale: float, params: Optional[Mapping[str, Any]],
+                       chain_length: int) -> Tuple[float, Mapping[str, Any], int]:
+    """The arguments of :func:`diagnose`, checked; ``params`` defaults to nnabla's."""
     import nnabla as nn
 
     if not isinstance(loss, nn.Variable):
@@ -84,109 +111,150 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be None or a mapping name -> nnabla.Variable "
                         f"(e.g. solver.get_parameters()), got {type(params).__name__}")
+    return scale, params, chain_length
 
-    rp = ForwardWatch(params)
-    report = OverflowReport(kind="not_reproduced", scale=scale)
 
-    # forward --------------------------------------------------------------------
-    rp.run(loss)
-    report.num_functions = len(rp.records)
-    report.loss_value = float(np.asarray(loss.d, dtype=np.float64).reshape(-1)[0]) \
-        if loss.size == 1 else float(np.asarray(loss.d, dtype=np.float64).sum())
+def _loss_value(loss: Any) -> float:
+    """The loss after the forward pass, before any scaling (summed if not a scalar)."""
+    values = np.asarray(loss.d, dtype=np.float64)
+    return float(values.reshape(-1)[0]) if loss.size == 1 else float(values.sum())
 
-    def zero_grads() -> None:
-        for v in rp.leaves.values():
+
+@dataclass
+class _Backward:
+    """A watched backward pass and the parameters whose gradients it left non-finite."""
+
+    watch: BackwardWatch
+    bad_params: List[str]
+    blamed: List[Dict[str, Any]]   # the watch's origins that reach those parameters
+
+    @property
+    def origins(self) -> List[Dict[str, Any]]:
+        """The origins to blame: those reaching a parameter, else all of them."""
+        return self.blamed or self.watch.origins
+
+
+class _Replay:
+    """The graph under diagnosis: its loss, its named parameters and its forward watch.
+
+    Used as a context manager, it leaves the gradients of the graph's leaf variables and of
+    the parameters zero on exit.
+    """
+
+    def __init__(self, loss: Any, params: Mapping[str, Any], forward: ForwardWatch) -> None:
+        self.loss = loss
+        self.params = params
+        self.forward = forward
+
+    def __enter__(self) -> "_Replay":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.zero_grads()
+
+    def zero_grads(self) -> None:
+        for v in self.forward.leaves.values():
             v.grad.zero()
-        for v in params.values():
+        for v in self.params.values():
             v.grad.zero()
 
-    def nonfinite_params() -> List[str]:
-        return [name for name, v in params.items()
-                if hash(v) in rp.leaves and array_stats(v.g)[0]]
-
-    def bad_hashes(names: List[str]) -> List[int]:
-        return [hash(params[n]) for n in names]
-
-    def forward_finding(fwd: Dict[str, Any]) -> None:
-        report.kind, report.phase = fwd["kind"], "forward"
-        if fwd["kind"] == "data":
-            report.bad_leaves = list(fwd["bad_leaves"])
-        rp.describe(report, fwd, chain_length)
-
-    try:
-        zero_grads()
-        fwd = rp.culprit
-        watch = BackwardWatch().run(loss, scale)
-        report.nonfinite_params = nonfinite_params()
-        blamed = watch.responsible(bad_hashes(report.nonfinite_params))
-        masked_fwd = None
-        if fwd is not None:
-            fkey = hash(fwd["f"])
-            if (not report.loss_finite or not report.nonfinite_params
-                    or any(o["fhash"] == fkey for o in blamed)):
-                forward_finding(fwd)
-                if report.loss_finite and report.nonfinite_params:
-                    report.notes.append(
-                        f"the inf/NaN of {report.function} are masked before the loss, "
-                        "but its backward pass still turns them into NaN gradients "
-                        "(0 * inf).")
-                return _finish(report, params)
-            masked_fwd = fwd
-        origins = blamed or watch.origins
-        if origins:
-            report.phase = "backward"
-            # The same batch at scale 1: an overflow, or a model problem?
-            if scale == 1.0:
-                at_one, bad_one = watch, report.nonfinite_params
-            else:
-                zero_grads()
-                at_one = BackwardWatch().run(loss, 1.0)
-                bad_one = nonfinite_params()
-            report.finite_at_scale_one = not bad_one
-            culprit = origins[0]
-            if bad_one:
-                culprit = (at_one.responsible(bad_hashes(bad_one)) or at_one.origins
-                           or [culprit])[0]
-                if masked_fwd is not None and culprit["fhash"] == hash(masked_fwd["f"]):
-                    forward_finding(masked_fwd)
-                    report.notes.append(
-                        f"the inf/NaN of {report.function} are masked before the loss, "
-                        "but its backward pass still turns them into NaN gradients "
-                        "(0 * inf), at any scale.")
-                    return _finish(report, params)
-                report.kind = "model"
-            else:
-                report.kind = "overflow"
-                report.max_grad_at_scale_one = at_one.grad_max
-            report.output_grad_max_abs = list(culprit["out_grad_max"])
-            report.input_grad_dtypes = list(culprit["in_grad_dtypes"])
-            rp.describe(report, culprit, chain_length)
-            others = [o for o in blamed if o is not culprit]
-            if others and report.kind == "overflow":
-                report.notes.append(
-                    "other functions whose overflow reaches the parameters: " + ", ".join(
-                        f"{o['f'].info.type_name} (#{rp.position(o['f'])})"
-                        for o in others) + ".")
-            gmax = narrowest_float_max(report.input_grad_dtypes)
-            if report.kind == "overflow" and gmax is not None and at_one.grad_max > 0:
-                report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / at_one.grad_max))
-            if gmax is not None and scale > gmax:
-                report.notes.append(
-                    f"the scale {fmt_scale(scale)} itself is larger than the largest "
-                    f"{narrowest_float(report.input_grad_dtypes)} value ({gmax:.6g}): the "
-                    "gradient seeded into the backward pass cannot be represented, "
-                    "whatever the model does.")
-        if masked_fwd is not None:
-            f = masked_fwd["f"]
-            report.notes.append(
-                f"{f.info.type_name} (#{masked_fwd['index']}) also produces inf/NaN in "
-                "forward, but they are masked before the loss and reach no parameter.")
-    finally:
-        zero_grads()
-    return _finish(report, params)
+    def backward(self, scale: float) -> _Backward:
+        """Zero the gradients, then run a watched backward pass at ``scale``."""
+        self.zero_grads()
+        watch = BackwardWatch().run(self.loss, scale)
+        bad = [name for name, v in self.params.items()
+               if hash(v) in self.forward.leaves and array_stats(v.g)[0]]
+        return _Backward(watch, bad, watch.responsible([hash(self.params[n]) for n in bad]))
 
 
-def _finish(report: OverflowReport, params: Mapping[str, Any]) -> OverflowReport:
+# --------------------------------------------------------------------------- classification
+
+
+def _forward_is_to_blame(report: OverflowReport, fwd: Dict[str, Any],
+                         at_scale: _Backward) -> bool:
+    """Whether the forward culprit explains the finding: the loss is not finite, no
+    parameter gradient is (the inf/NaN are masked), or its own backward pass is an origin
+    of a parameter's non-finite gradient."""
+    return (not report.loss_finite or not report.nonfinite_params
+            or any(o["fhash"] == hash(fwd["f"]) for o in at_scale.blamed))
+
+
+def _forward_finding(report: OverflowReport, forward: ForwardWatch, fwd: Dict[str, Any],
+                     chain_length: int, at_any_scale: bool = False) -> None:
+    """A model or data problem found in the forward pass.
+
+    When the loss is finite but parameter gradients are not, the culprit's inf/NaN are
+    masked before the loss, yet its backward pass turns them into NaN gradients: a note
+    says so (``at_any_scale``: even at scale 1).
+    """
+    report.kind, report.phase = fwd["kind"], "forward"
+    if fwd["kind"] == "data":
+        report.bad_leaves = list(fwd["bad_leaves"])
+    forward.describe(report, fwd, chain_length)
+    if report.loss_finite and report.nonfinite_params:
+        report.notes.append(
+            f"the inf/NaN of {report.function} are masked before the loss, but its backward "
+            "pass still turns them into NaN gradients (0 * inf)"
+            + (", at any scale." if at_any_scale else "."))
+
+
+def _backward_finding(report: OverflowReport, forward: ForwardWatch, at_scale: _Backward,
+                      at_one: _Backward, masked: Optional[Dict[str, Any]],
+                      chain_length: int) -> None:
+    """An overflow (finite at scale 1) or a model problem (not finite even at scale 1) in
+    the backward pass; or the masked forward culprit ``masked`` when it is the one whose
+    backward pass is not finite at scale 1."""
+    report.phase = "backward"
+    report.finite_at_scale_one = not at_one.bad_params
+    if at_one.bad_params:
+        culprit = (at_one.origins or at_scale.origins)[0]
+        if masked is not None and culprit["fhash"] == hash(masked["f"]):
+            _forward_finding(report, forward, masked, chain_length, at_any_scale=True)
+            return
+        report.kind = "model"
+    else:
+        culprit = at_scale.origins[0]
+        report.kind = "overflow"
+        report.max_grad_at_scale_one = at_one.watch.grad_max
+    report.output_grad_max_abs = list(culprit["out_grad_max"])
+    report.input_grad_dtypes = list(culprit["in_grad_dtypes"])
+    forward.describe(report, culprit, chain_length)
+    _scale_findings(report, forward, culprit, at_scale, at_one)
+    if masked is not None:
+        report.notes.append(_masked_and_harmless(masked))
+
+
+def _scale_findings(report: OverflowReport, forward: ForwardWatch, culprit: Dict[str, Any],
+                    at_scale: _Backward, at_one: _Backward) -> None:
+    """Other overflowing functions, the largest safe scale, and a scale that is itself
+    beyond the gradient dtype's range."""
+    others = [o for o in at_scale.blamed if o is not culprit]
+    if others and report.kind == "overflow":
+        report.notes.append(
+            "other functions whose overflow reaches the parameters: " + ", ".join(
+                f"{o['f'].info.type_name} (#{forward.position(o['f'])})"
+                for o in others) + ".")
+    gmax = narrowest_float_max(report.input_grad_dtypes)
+    grad_max_at_one = at_one.watch.grad_max
+    if report.kind == "overflow" and gmax is not None and grad_max_at_one > 0:
+        report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / grad_max_at_one))
+    if gmax is not None and report.scale > gmax:
+        report.notes.append(
+            f"the scale {fmt_scale(report.scale)} itself is larger than the largest "
+            f"{narrowest_float(report.input_grad_dtypes)} value ({gmax:.6g}): the "
+            "gradient seeded into the backward pass cannot be represented, "
+            "whatever the model does.")
+
+
+# --------------------------------------------------------------------------- notes
+
+
+def _masked_and_harmless(fwd: Dict[str, Any]) -> str:
+    return (f"{fwd['f'].info.type_name} (#{fwd['index']}) also produces inf/NaN in forward, "
+            "but they are masked before the loss and reach no parameter.")
+
+
+def _closing_notes(report: OverflowReport, params: Mapping[str, Any]) -> OverflowReport:
     """Notes that depend only on the finished report."""
     if report.kind in ("model", "data") and report.phase == "forward":
         big = [report.input_names[i] for i, m in enumerate(report.input_max_abs)
