@@ -77,19 +77,17 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
     """
     scale, params, chain_length = _checked_arguments(loss, scale, params, chain_length)
     forward = ForwardWatch(params).run(loss)
-    report = OverflowReport(kind="not_reproduced", scale=scale,
-                            num_functions=len(forward.records), loss_value=_loss_value(loss))
+    report = _forward_report(forward, loss, scale)
     with _Replay(loss, params, forward) as replay:   # gradients are zero again on exit
         at_scale = replay.backward(scale)
         report.nonfinite_params = at_scale.bad_params
-        fwd = forward.culprit
-        if fwd is not None and _forward_is_to_blame(report, fwd, at_scale):
-            _forward_finding(report, forward, fwd, chain_length)
+        if _forward_is_to_blame(report, forward.culprit, at_scale):
+            _forward_finding(report, forward, forward.culprit, chain_length)
         elif at_scale.origins:  # the same batch at scale 1: an overflow, or a model problem?
             at_one = at_scale if scale == 1.0 else replay.backward(1.0)
-            _backward_finding(report, forward, at_scale, at_one, fwd, chain_length)
-        elif fwd is not None:
-            report.notes.append(_masked_and_harmless(fwd))
+            _backward_finding(report, forward, at_scale, at_one, forward.culprit, chain_length)
+        elif forward.culprit is not None:
+            report.notes.append(_masked_and_harmless(forward.culprit))
     return _closing_notes(report, params)
 
 
@@ -114,10 +112,13 @@ def _checked_arguments(loss: Any, scale: float, params: Optional[Mapping[str, An
     return scale, params, chain_length
 
 
-def _loss_value(loss: Any) -> float:
-    """The loss after the forward pass, before any scaling (summed if not a scalar)."""
+def _forward_report(forward: ForwardWatch, loss: Any, scale: float) -> OverflowReport:
+    """The report as the forward pass leaves it: nothing found yet, the number of functions
+    and the loss value before any scaling (summed if the loss is not a scalar)."""
     values = np.asarray(loss.d, dtype=np.float64)
-    return float(values.reshape(-1)[0]) if loss.size == 1 else float(values.sum())
+    loss_value = float(values.reshape(-1)[0]) if loss.size == 1 else float(values.sum())
+    return OverflowReport(kind="not_reproduced", scale=scale,
+                          num_functions=len(forward.records), loss_value=loss_value)
 
 
 @dataclass
@@ -170,11 +171,13 @@ class _Replay:
 # --------------------------------------------------------------------------- classification
 
 
-def _forward_is_to_blame(report: OverflowReport, fwd: Dict[str, Any],
+def _forward_is_to_blame(report: OverflowReport, fwd: Optional[Dict[str, Any]],
                          at_scale: _Backward) -> bool:
-    """Whether the forward culprit explains the finding: the loss is not finite, no
-    parameter gradient is (the inf/NaN are masked), or its own backward pass is an origin
-    of a parameter's non-finite gradient."""
+    """Whether there is a forward culprit and it explains the finding: the loss is not
+    finite, no parameter gradient is (the inf/NaN are masked), or its own backward pass is
+    an origin of a parameter's non-finite gradient."""
+    if fwd is None:
+        return False
     return (not report.loss_finite or not report.nonfinite_params
             or any(o["fhash"] == hash(fwd["f"]) for o in at_scale.blamed))
 
