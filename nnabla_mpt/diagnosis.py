@@ -8,608 +8,25 @@ overflowing steps or an overflow at the scale floor calls for an explanation; a 
 step never runs any of this code.
 
 The report is a dataclass for programs (``report.kind``, ``report.function``,
-``report.phase``, ``report.nonfinite_params``, ...) and prints as a text for people.
+``report.phase``, ``report.nonfinite_params``, ...) and prints as a text for people; it
+lives in ``nnabla_mpt.report``, the hooks that watch each pass in ``nnabla_mpt.watch``.
+This module runs the passes and classifies what they saw.
 """
 from __future__ import annotations
 
 import math
-import textwrap
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from . import _validate as check
+from .dtypes import FP16_MAX
+from .report import LossScaleCollapseError, OverflowReport, fmt_scale
+from .watch import (BackwardWatch, ForwardWatch, array_stats, narrowest_float,
+                    narrowest_float_max)
 
-__all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose", "KINDS"]
-
-Kind = Literal["overflow", "model", "data", "not_reproduced"]
-Phase = Literal["forward", "backward"]
-
-#: Values of :attr:`OverflowReport.kind`.
-KINDS = ("overflow", "model", "data", "not_reproduced")
-
-_FLOAT16_MAX = float(np.finfo(np.float16).max)
-
-
-# --------------------------------------------------------------------------- report
-
-
-@dataclass
-class OverflowReport:
-    """What a replay of the last batch found out about non-finite gradients.
-
-    Attributes:
-        kind: ``"overflow"`` when only the backward pass at the given scale produces
-            inf/NaN (a scaling problem: the same batch is finite at scale 1);
-            ``"model"`` when a function produces inf/NaN from finite inputs in the
-            forward pass, or in the backward pass even at scale 1 (lowering the scale
-            cannot fix it); ``"data"`` when the graph's leaf variables (input data or
-            parameters) already hold inf/NaN, so no function is to blame;
-            ``"not_reproduced"`` when the replay is finite everywhere.
-        phase: ``"forward"``, ``"backward"`` or ``None`` when nothing was found.
-        function: Type name of the culprit function (``f.info.type_name``, e.g.
-            ``"Log"``); for ``"data"`` the first function that consumed the bad values.
-        index: Position of the culprit in the execution order of its phase (0-based).
-        forward_index: Position of the culprit in forward execution order (0-based).
-        num_functions: Number of functions in the forward pass.
-        scope: Parameter scope of the culprit's own parameters, or of the nearest
-            parametric function upstream of it (see ``scope_is_upstream``).
-        scope_is_upstream: True when ``scope`` belongs to a function upstream.
-        path: Chain of functions producing the culprit's first input, ending with the
-            culprit, e.g. ``"Affine#0[fc] -> Softmax#1 -> Log#2"``.
-        input_names: Readable name of each input: parameter name, variable name,
-            producing function (``"Softmax#1"``) or ``"input #k"`` for unnamed data.
-        input_shapes: Shape of each input.
-        input_dtypes: Storage dtype of each input's data.
-        input_max_abs: Largest absolute finite value of each input (NaN if none).
-        input_min_abs: Smallest absolute finite value of each input (NaN if none).
-        input_nonfinite: Number of inf/NaN values in each input.
-        output_shapes: Shape of each output.
-        output_dtypes: Storage dtype of each output's data.
-        output_grad_max_abs: For a backward culprit, the largest absolute gradient
-            flowing into it (its outputs' gradients, all finite); empty otherwise.
-        input_grad_dtypes: For a backward culprit, the dtype of each input gradient.
-        bad_leaves: For ``"data"``, names of the leaf variables holding inf/NaN.
-        nonfinite_params: Names of the parameters whose gradients are non-finite after
-            the replay at ``scale``.
-        loss_value: Value of the loss in the replay (before any scaling).
-        scale: Loss scale used for the replayed backward pass.
-        finite_at_scale_one: For a backward culprit, whether a backward pass at scale 1
-            is finite (``None`` when not tried).
-        max_grad_at_scale_one: For ``"overflow"``, the largest absolute gradient seen in
-            the backward pass at scale 1; ``None`` otherwise.
-        max_safe_scale: For ``"overflow"``, the largest power of two that keeps that
-            gradient inside the gradient dtype's range; ``None`` otherwise.
-        notes: Further observations, one sentence each.
-    """
-
-    kind: Kind
-    phase: Optional[Phase] = None
-    function: Optional[str] = None
-    index: Optional[int] = None
-    forward_index: Optional[int] = None
-    num_functions: int = 0
-    scope: Optional[str] = None
-    scope_is_upstream: bool = False
-    path: str = ""
-    input_names: List[str] = field(default_factory=list)
-    input_shapes: List[Tuple[int, ...]] = field(default_factory=list)
-    input_dtypes: List[str] = field(default_factory=list)
-    input_max_abs: List[float] = field(default_factory=list)
-    input_min_abs: List[float] = field(default_factory=list)
-    input_nonfinite: List[int] = field(default_factory=list)
-    output_shapes: List[Tuple[int, ...]] = field(default_factory=list)
-    output_dtypes: List[str] = field(default_factory=list)
-    output_grad_max_abs: List[float] = field(default_factory=list)
-    input_grad_dtypes: List[str] = field(default_factory=list)
-    bad_leaves: List[str] = field(default_factory=list)
-    nonfinite_params: List[str] = field(default_factory=list)
-    loss_value: float = float("nan")
-    scale: float = 1.0
-    finite_at_scale_one: Optional[bool] = None
-    max_grad_at_scale_one: Optional[float] = None
-    max_safe_scale: Optional[float] = None
-    notes: List[str] = field(default_factory=list)
-
-    # ------------------------------------------------------------------ properties
-    @property
-    def found(self) -> bool:
-        """True when the replay located the origin of the non-finite values."""
-        return self.kind != "not_reproduced"
-
-    @property
-    def loss_finite(self) -> bool:
-        """True when the loss value (before scaling) is finite."""
-        return math.isfinite(self.loss_value)
-
-    @property
-    def harmless(self) -> bool:
-        """True when inf/NaN appear but are masked before the loss and every parameter
-        gradient: the overflow check never sees them and no step is skipped for them."""
-        return self.found and self.loss_finite and not self.nonfinite_params
-
-    @property
-    def scale_helps(self) -> bool:
-        """True when a smaller loss scale makes this batch finite (kind "overflow")."""
-        return self.kind == "overflow"
-
-    # ------------------------------------------------------------------ text
-    def summary(self) -> str:
-        """One line: what was found, where, and in which phase."""
-        if self.kind == "not_reproduced":
-            return ("no function reproduced the non-finite gradients when replaying the "
-                    f"current batch at scale {_fmt_scale(self.scale)}")
-        if self.kind == "data":
-            what = ", ".join(self.bad_leaves) or "a leaf variable"
-            return (f"the graph's inputs already contain inf/NaN ({what}), first used by "
-                    f"{self.function} (#{self.index}) in forward")
-        where = f" in {self.scope}" if self.scope and not self.scope_is_upstream else (
-            f" after {self.scope}" if self.scope else "")
-        if self.kind == "model" and self.phase == "forward":
-            return (f"{self.function} (#{self.index}){where} produced inf/NaN from finite "
-                    "inputs in forward")
-        if self.kind == "model":
-            return (f"{self.function} (#{self.forward_index}){where} produced non-finite "
-                    "gradients in backward from finite gradients, even at scale 1")
-        return (f"{self.function} (#{self.forward_index}){where} overflowed in backward at "
-                f"scale {_fmt_scale(self.scale)} (finite at scale 1)")
-
-    def __str__(self) -> str:
-        lines = [f"Loss-scale diagnosis: {self.kind}"
-                 + (f" ({self.phase})" if self.phase else ""),
-                 f"  What happened: {self.summary()}."]
-        if self.function is not None:
-            lines.append(f"  Where: {self.path}")
-            lines.append(f"    function #{self.forward_index} of {self.num_functions} in "
-                         "forward order" + (f", #{self.index} in backward order"
-                                            if self.phase == "backward" else ""))
-            for k, name in enumerate(self.input_names):
-                lines.append("    input {}: {} {} {}, max |x| {} (finite part), "
-                             "min |x| {}{}".format(
-                                 k, name, self.input_dtypes[k], self.input_shapes[k],
-                                 _fmt_num(self.input_max_abs[k]),
-                                 _fmt_num(self.input_min_abs[k]),
-                                 f", {self.input_nonfinite[k]} inf/NaN"
-                                 if self.input_nonfinite[k] else ""))
-            for k, shape in enumerate(self.output_shapes):
-                lines.append(f"    output {k}: {self.output_dtypes[k]} {shape}")
-            if self.output_grad_max_abs:
-                at = 1.0 if self.kind == "model" else self.scale
-                lines.append("    gradient flowing in: max |g| "
-                             + ", ".join(_fmt_num(g) for g in self.output_grad_max_abs)
-                             + f" (finite, at scale {_fmt_scale(at)})")
-        lines.append(f"  Loss before scaling: {_fmt_num(self.loss_value)}"
-                     + ("" if self.loss_finite else
-                        " -- non-finite before any scaling: a model/data problem, "
-                        "not an overflow"))
-        lines += _wrap(f"Parameters with non-finite gradients at scale "
-                       f"{_fmt_scale(self.scale)}: "
-                       + (", ".join(self.nonfinite_params) or "none"))
-        if self.max_grad_at_scale_one is not None:
-            lines += _wrap(f"Largest gradient at scale 1: "
-                           f"{_fmt_num(self.max_grad_at_scale_one)}"
-                           + (f"; scales up to {_fmt_scale(self.max_safe_scale)} keep it "
-                              "in range" if self.max_safe_scale else ""))
-        lines += _wrap(f"Why it matters: {self._why()}")
-        lines += _wrap(f"What to do: {self._advice()}")
-        for note in self.notes:
-            lines += _wrap(f"Note: {note}")
-        return "\n".join(lines)
-
-    def _why(self) -> str:
-        if self.harmless:
-            return ("harmless for training: the non-finite values are masked before they "
-                    "reach the loss or any parameter gradient, so the overflow check never "
-                    "sees them and no step is skipped for them.")
-        if self.kind == "overflow":
-            return ("this is a scaling problem: the batch is finite at scale 1 and only the "
-                    "scaled gradients exceed the gradient dtype's range. Backing the scale "
-                    "off fixes it; a streak means the scale is set too high or the "
-                    "gradients grew.")
-        if self.kind == "model":
-            return ("lowering the loss scale will not fix this: the values are non-finite "
-                    "at any scale, so every step on such a batch is skipped (a scale that "
-                    "backed off for it would sink to its floor).")
-        if self.kind == "data":
-            return ("the non-finite values exist before any function runs; no loss scale "
-                    "can fix them and every step on such a batch is skipped.")
-        return ("the batch still held in the input variables is finite at this scale, so "
-                "the non-finite gradients came from somewhere the replay cannot see.")
-
-    def _advice(self) -> str:
-        if self.kind == "not_reproduced":
-            return ("the overflow came from another batch: an earlier micro-batch when "
-                    "accumulating gradients, a data feeder that has moved on, another "
-                    "rank's batch or the sum over ranks, or random functions (Dropout) "
-                    "that draw differently in the replay. Diagnose with accum_grad=1 on a "
-                    "single process, or call diagnose() right after the failing "
-                    "micro-batch.")
-        if self.kind == "data":
-            return ("check the batch with numpy.isfinite before feeding it; if the bad "
-                    "values sit in a parameter, it was corrupted earlier (an update applied "
-                    "with non-finite gradients or a damaged checkpoint): reload a good "
-                    "checkpoint.")
-        if self.harmless:
-            return ("nothing needs fixing. The check is kept on by default; a fixed scale "
-                    "with the check off is also safe for this overflow "
-                    f"(FixedLossScalingUpdater(solver, loss, feeder, "
-                    f"scale={self.scale:g}, enable_overflow_check=False)) as long as "
-                    "diagnose() lists no parameter at that scale on your batches.")
-        if self.kind == "overflow":
-            cap = f"{self.max_safe_scale:g}" if self.max_safe_scale else "S"
-            return (f"use a scale of at most {cap}: max_scale={cap} for the dynamic "
-                    f"updater (it also backs off by itself), scale={cap} for the fixed one. When "
-                    "the overflow is harmless for training (masked or clipped before it "
-                    "reaches an update), a fixed scale with the check off is right: "
-                    f"FixedLossScalingUpdater(solver, loss, feeder, scale={cap}, "
-                    "enable_overflow_check=False).")
-        advice = _FUNCTION_ADVICE.get((self.function, self.phase)) or _FUNCTION_ADVICE.get(
-            (self.function, None))
-        if advice is None:
-            advice = (f"check the range of {self.function}'s inputs (see max |x| and min "
-                      "|x| above), clamp them, or compute this part of the graph in "
-                      "float32 (build it under a float context).")
-        return advice
-
-
-def _wrap(text: str, width: int = 88) -> List[str]:
-    return textwrap.wrap(text, width=width, initial_indent="  ", subsequent_indent="    ",
-                         break_long_words=False, break_on_hyphens=False)
-
-
-def _fmt_num(x: Optional[float]) -> str:
-    if x is None:
-        return "n/a"
-    if isinstance(x, float) and math.isnan(x):
-        return "nan"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.6g}"
-
-
-def _fmt_scale(s: Optional[float]) -> str:
-    if s is None:
-        return "n/a"
-    if s > 0 and math.isfinite(s):
-        e = math.log2(s)
-        if e == int(e) and abs(e) >= 4:
-            return f"2**{int(e)} ({s:.10g})"
-    return f"{s:.10g}"
-
-
-_CLAMP_LOG = ("clamp the input of Log away from zero: F.log(F.maximum_scalar(x, eps)) "
-              "with eps around 1e-4 in float16; if x is a softmax output, use "
-              "F.log_softmax or F.softmax_cross_entropy, which never take the log of an "
-              "underflowed probability.")
-_RANGE = ("the result exceeds the float16 range (max 65504): normalize the inputs, reduce "
-          "with a mean instead of a sum, or compute this part in float32 (build it under "
-          "a float context).")
-_FUNCTION_ADVICE: Dict[Tuple[str, Optional[str]], str] = {
-    ("Log", None): _CLAMP_LOG,
-    ("Exp", None): ("exp overflows float16 above about 11.09: clamp the input with "
-                    "F.exp(F.minimum_scalar(x, 11.0)) or use a fused function "
-                    "(F.log_softmax, F.softplus)."),
-    ("Div2", None): ("the denominator reaches zero: divide by F.maximum_scalar(b, eps) "
-                     "(or b + eps for a positive b)."),
-    ("RDivScalar", None): ("the divisor reaches zero: use F.maximum_scalar(x, eps) as "
-                           "the divisor."),
-    ("PowScalar", "forward"): ("a negative power of zero is not finite: clamp the base "
-                               "with F.maximum_scalar(x, eps)."),
-    ("PowScalar", "backward"): ("the derivative of x ** p for p < 1 is infinite at x = 0: "
-                                "keep the base away from zero, e.g. "
-                                "F.pow_scalar(x + eps, p) for a non-negative x, or "
-                                "F.pow_scalar(F.maximum_scalar(x, eps), p)."),
-    ("Norm", "backward"): ("the norm of an all-zero vector has no derivative (0/0): add "
-                           "eps under the root, F.pow_scalar(F.sum(x ** 2, axis) + eps, "
-                           "0.5)."),
-    ("Affine", "forward"): _RANGE,
-    ("Convolution", "forward"): _RANGE,
-    ("BatchMatmul", "forward"): _RANGE,
-    ("Sum", "forward"): _RANGE,
-    ("SumPooling", "forward"): _RANGE,
-    ("MulScalar", "forward"): _RANGE,
-    ("Mul2", "forward"): _RANGE,
-}
-
-
-class LossScaleCollapseError(FloatingPointError):
-    """Raised when the loss scale collapses; ``.report`` holds the diagnosis.
-
-    The message names the culprit function and the phase, followed by the full report.
-
-    Args:
-        report: The diagnosis explaining the collapse.
-        reason: What triggered the diagnosis (e.g. "8 consecutive overflowing steps").
-    """
-
-    def __init__(self, report: OverflowReport, reason: Optional[str] = None) -> None:
-        self.report = report
-        self.reason = reason
-        head = f"loss scale collapse ({reason}): " if reason else "loss scale collapse: "
-        super().__init__(head + report.summary() + "\n" + str(report))
-
-    def __reduce__(self):  # keep the report when pickled (e.g. across processes)
-        return (type(self), (self.report, self.reason))
-
-
-# --------------------------------------------------------------------------- replay
-
-
-def _stats(arr: np.ndarray) -> Tuple[int, float, float]:
-    """(number of non-finite values, max |finite|, min |finite|) of an array."""
-    a = np.asarray(arr)
-    if a.size == 0:
-        return 0, float("nan"), float("nan")
-    if a.dtype.kind not in "fc":
-        aa = np.abs(a)
-        return 0, float(aa.max()), float(aa.min())
-    fin = np.isfinite(a)
-    bad = int(a.size - np.count_nonzero(fin))
-    if bad == a.size:
-        return bad, float("nan"), float("nan")
-    aa = np.abs(a[fin] if bad else a).astype(np.float64)
-    return bad, float(aa.max()), float(aa.min())
-
-
-def _dtype_name(array: Any) -> str:
-    try:
-        return str(array.dtype)
-    except Exception:  # an array never written has no dtype yet
-        return "uninitialized"
-
-
-def _scope_of(names: List[str]) -> Optional[str]:
-    if not names:
-        return None
-    parts = [n.split("/")[:-1] for n in names]
-    common: List[str] = []
-    for level in zip(*parts):
-        if all(p == level[0] for p in level):
-            common.append(level[0])
-        else:
-            break
-    return "/".join(common) if common else names[0]
-
-
-@dataclass
-class _Rec:
-    type_name: str
-    inputs: List[int]
-    outputs: List[int]
-    params: List[str]
-
-
-class _Replay:
-    """State shared by the hooks of one diagnosis."""
-
-    def __init__(self, param_names: Dict[int, str]) -> None:
-        self.param_names = param_names
-        self.records: List[_Rec] = []
-        self.producer: Dict[int, int] = {}       # output hash -> forward index
-        self.fwd_index: Dict[int, int] = {}      # function hash -> forward index
-        self.finite: Dict[int, bool] = {}        # variable hash -> data all finite
-        self.leaves: Dict[int, Any] = {}         # leaf hash -> Variable (need_grad)
-        self.leaf_names: Dict[int, str] = {}
-        self.error: Optional[BaseException] = None
-        self.culprit: Optional[Dict[str, Any]] = None
-
-    # names ------------------------------------------------------------------
-    def name_of(self, var: Any) -> str:
-        h = hash(var)
-        if h in self.param_names:
-            return self.param_names[h]
-        if h in self.producer:
-            k = self.producer[h]
-            return f"{self.records[k].type_name}#{k}"
-        if h not in self.leaf_names:
-            n = var.name
-            self.leaf_names[h] = f"input '{n}'" if n else f"input #{len(self.leaf_names)}"
-        return self.leaf_names[h]
-
-    # forward hooks ----------------------------------------------------------
-    def fwd_pre(self, f: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            leaves = [v for v in f.inputs if v.parent is None]
-            for v in leaves:
-                if v.need_grad:
-                    self.leaves.setdefault(hash(v), v)
-            if self.culprit is not None:
-                return
-            bad = []
-            for v in leaves:
-                h = hash(v)
-                if h not in self.finite:
-                    self.finite[h] = _stats(v.d)[0] == 0
-                if not self.finite[h]:
-                    bad.append(self.name_of(v))
-            if bad:
-                k = len(self.records)
-                self._add_record(f)
-                self.culprit = dict(kind="data", phase="forward", f=f, index=k,
-                                    bad_leaves=bad)
-        except BaseException as e:  # surfaced after the pass; nnabla would mask it
-            self.error = e
-
-    def _add_record(self, f: Any) -> None:
-        k = len(self.records)
-        ins = [hash(v) for v in f.inputs]
-        outs = [hash(v) for v in f.outputs]
-        self.records.append(_Rec(f.info.type_name, ins, outs,
-                                 [self.param_names[h] for h in ins
-                                  if h in self.param_names]))
-        self.fwd_index[hash(f)] = k
-        for h in outs:
-            self.producer[h] = k
-
-    def fwd_post(self, f: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            if hash(f) in self.fwd_index:   # recorded by fwd_pre (a data culprit)
-                return
-            k = len(self.records)
-            self._add_record(f)
-            if self.culprit is not None:
-                return
-            outputs_finite = True
-            for v in f.outputs:
-                fin = _stats(v.d)[0] == 0
-                self.finite[hash(v)] = fin
-                outputs_finite &= fin
-            if not outputs_finite and all(self.finite.get(hash(v), True)
-                                          for v in f.inputs):
-                self.culprit = dict(kind="model", phase="forward", f=f, index=k)
-        except BaseException as e:
-            self.error = e
-
-    def raise_error(self) -> None:
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
-
-    # description ------------------------------------------------------------
-    def describe(self, report: OverflowReport, culprit: Dict[str, Any],
-                 chain_length: int) -> None:
-        f = culprit["f"]
-        k = self.fwd_index.get(hash(f))
-        report.function = f.info.type_name
-        report.index = culprit["index"]
-        report.forward_index = k
-        report.input_names = [self.name_of(v) for v in f.inputs]
-        report.input_shapes = [tuple(v.shape) for v in f.inputs]
-        stats = [_stats(v.d) for v in f.inputs]
-        report.input_dtypes = [_dtype_name(v.data) for v in f.inputs]
-        report.input_nonfinite = [s[0] for s in stats]
-        report.input_max_abs = [s[1] for s in stats]
-        report.input_min_abs = [s[2] for s in stats]
-        report.output_shapes = [tuple(v.shape) for v in f.outputs]
-        report.output_dtypes = [_dtype_name(v.data) for v in f.outputs]
-        if k is None:
-            report.path = report.function
-            return
-        # producing chain along the first input that has a producer
-        chain = [k]
-        cur = k
-        while len(chain) < chain_length:
-            ups = [self.producer[h] for h in self.records[cur].inputs if h in self.producer]
-            if not ups:
-                break
-            cur = ups[0]
-            chain.append(cur)
-        truncated = len(chain) == chain_length and any(
-            h in self.producer for h in self.records[chain[-1]].inputs)
-        parts = []
-        for j in reversed(chain):
-            rec = self.records[j]
-            sc = _scope_of(rec.params)
-            parts.append(f"{rec.type_name}#{j}" + (f"[{sc}]" if sc else ""))
-        report.path = ("... -> " if truncated else "") + " -> ".join(parts)
-        # own scope, else the nearest parametric function upstream (any input)
-        own = _scope_of(self.records[k].params)
-        if own:
-            report.scope = own
-            return
-        seen, todo = set(), [k]
-        while todo:
-            j = todo.pop(0)
-            for h in self.records[j].inputs:
-                u = self.producer.get(h)
-                if u is None or u in seen:
-                    continue
-                seen.add(u)
-                sc = _scope_of(self.records[u].params)
-                if sc:
-                    report.scope, report.scope_is_upstream = sc, True
-                    return
-                todo.append(u)
-
-
-class _BackwardWatch:
-    """Hooks for one backward pass: where gradients turn non-finite, and who is to blame.
-
-    A function is an *origin* when it turns an input gradient non-finite while every
-    gradient flowing into it (its outputs' gradients) is finite. Each variable remembers
-    the function that first made its gradient non-finite, so a non-finite parameter
-    gradient can be traced back through the propagating functions to its origins.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.error: Optional[BaseException] = None
-        self.grad_bad: Dict[int, bool] = {}
-        self.turned_bad_by: Dict[int, int] = {}   # variable hash -> backward index
-        self.bad_outputs: Dict[int, List[int]] = {}  # backward index -> bad output hashes
-        self.origins: List[Dict[str, Any]] = []
-        self.grad_max = 0.0
-        self._out: List[Tuple[int, float, float]] = []
-
-    def pre(self, f: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            self._out = [_stats(v.g) for v in f.outputs]
-        except BaseException as e:  # surfaced after the pass; nnabla would mask it
-            self.error = e
-
-    def post(self, f: Any) -> None:
-        idx = self.count
-        self.count += 1
-        if self.error is not None:
-            return
-        try:
-            out = self._out
-            newly = False
-            in_stats: List[Tuple[int, float, float]] = []
-            for v in f.inputs:
-                if not v.need_grad:
-                    continue
-                st = _stats(v.g)
-                in_stats.append(st)
-                h = hash(v)
-                if st[0] and not self.grad_bad.get(h, False):
-                    self.turned_bad_by[h] = idx
-                    self.grad_bad[h] = newly = True
-            for st in out + in_stats:
-                if not math.isnan(st[1]):
-                    self.grad_max = max(self.grad_max, st[1])
-            if newly:
-                bad_out = [hash(v) for v, st in zip(f.outputs, out) if st[0]]
-                self.bad_outputs[idx] = bad_out
-                if not bad_out:
-                    self.origins.append(dict(
-                        f=f, index=idx, fhash=hash(f),
-                        out_grad_max=[st[1] for st in out],
-                        in_grad_dtypes=[_dtype_name(v.grad) if v.need_grad else "-"
-                                        for v in f.inputs]))
-        except BaseException as e:
-            self.error = e
-
-    def run(self, loss: Any, scale: float) -> "_BackwardWatch":
-        loss.backward(scale, clear_buffer=False, function_pre_hook=self.pre,
-                      function_post_hook=self.post)
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def responsible(self, var_hashes: List[int]) -> List[Dict[str, Any]]:
-        """Origins whose non-finite gradients reach the given variables, in order."""
-        by_index = {o["index"]: o for o in self.origins}
-        found, seen = set(), set()
-        todo = [self.turned_bad_by[h] for h in var_hashes if h in self.turned_bad_by]
-        while todo:
-            g = todo.pop()
-            if g in seen:
-                continue
-            seen.add(g)
-            if g in by_index:
-                found.add(g)
-                continue
-            todo.extend(self.turned_bad_by[h] for h in self.bad_outputs.get(g, [])
-                        if h in self.turned_bad_by)
-        return [by_index[i] for i in sorted(found)]
+__all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose"]
 
 
 def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None, *,
@@ -658,6 +75,28 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
         TypeError: if ``loss`` is not an ``nnabla.Variable`` or ``params`` not a mapping.
         ValueError: if ``scale`` is not finite and > 0, or ``chain_length`` < 1.
     """
+    scale, params, chain_length = _checked_arguments(loss, scale, params, chain_length)
+    forward = ForwardWatch(params).run(loss)
+    report = _forward_report(forward, loss, scale)
+    with _Replay(loss, params, forward) as replay:   # gradients are zero again on exit
+        at_scale = replay.backward(scale)
+        report.nonfinite_params = at_scale.bad_params
+        if _forward_is_to_blame(report, forward.culprit, at_scale):
+            _forward_finding(report, forward, forward.culprit, chain_length)
+        elif at_scale.origins:  # the same batch at scale 1: an overflow, or a model problem?
+            at_one = at_scale if scale == 1.0 else replay.backward(1.0)
+            _backward_finding(report, forward, at_scale, at_one, forward.culprit, chain_length)
+        elif forward.culprit is not None:
+            report.notes.append(_masked_and_harmless(forward.culprit))
+    return _closing_notes(report, params)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def _checked_arguments(loss: Any, scale: float, params: Optional[Mapping[str, Any]],
+                       chain_length: int) -> Tuple[float, Mapping[str, Any], int]:
+    """The arguments of :func:`diagnose`, checked; ``params`` defaults to nnabla's."""
     import nnabla as nn
 
     if not isinstance(loss, nn.Variable):
@@ -670,116 +109,159 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be None or a mapping name -> nnabla.Variable "
                         f"(e.g. solver.get_parameters()), got {type(params).__name__}")
-    param_names = {hash(v): name for name, v in params.items()}
+    return scale, params, chain_length
 
-    rp = _Replay(param_names)
-    report = OverflowReport(kind="not_reproduced", scale=scale)
 
-    # forward --------------------------------------------------------------------
-    loss.forward(clear_no_need_grad=False, function_pre_hook=rp.fwd_pre,
-                 function_post_hook=rp.fwd_post)
-    rp.raise_error()
-    report.num_functions = len(rp.records)
-    report.loss_value = float(np.asarray(loss.d, dtype=np.float64).reshape(-1)[0]) \
-        if loss.size == 1 else float(np.asarray(loss.d, dtype=np.float64).sum())
+def _forward_report(forward: ForwardWatch, loss: Any, scale: float) -> OverflowReport:
+    """The report as the forward pass leaves it: nothing found yet, the number of functions
+    and the loss value before any scaling (summed if the loss is not a scalar)."""
+    values = np.asarray(loss.d, dtype=np.float64)
+    loss_value = float(values.reshape(-1)[0]) if loss.size == 1 else float(values.sum())
+    return OverflowReport(kind="not_reproduced", scale=scale,
+                          num_functions=len(forward.records), loss_value=loss_value)
 
-    def zero_grads() -> None:
-        for v in rp.leaves.values():
+
+@dataclass
+class _Backward:
+    """A watched backward pass and the parameters whose gradients it left non-finite."""
+
+    watch: BackwardWatch
+    bad_params: List[str]
+    blamed: List[Dict[str, Any]]   # the watch's origins that reach those parameters
+
+    @property
+    def origins(self) -> List[Dict[str, Any]]:
+        """The origins to blame: those reaching a parameter, else all of them."""
+        return self.blamed or self.watch.origins
+
+
+class _Replay:
+    """The graph under diagnosis: its loss, its named parameters and its forward watch.
+
+    Used as a context manager, it leaves the gradients of the graph's leaf variables and of
+    the parameters zero on exit.
+    """
+
+    def __init__(self, loss: Any, params: Mapping[str, Any], forward: ForwardWatch) -> None:
+        self.loss = loss
+        self.params = params
+        self.forward = forward
+
+    def __enter__(self) -> "_Replay":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.zero_grads()
+
+    def zero_grads(self) -> None:
+        for v in self.forward.leaves.values():
             v.grad.zero()
-        for v in params.values():
+        for v in self.params.values():
             v.grad.zero()
 
-    def nonfinite_params() -> List[str]:
-        return [name for name, v in params.items()
-                if hash(v) in rp.leaves and _stats(v.g)[0]]
-
-    def bad_hashes(names: List[str]) -> List[int]:
-        return [hash(params[n]) for n in names]
-
-    def forward_finding(fwd: Dict[str, Any]) -> None:
-        report.kind, report.phase = fwd["kind"], "forward"
-        if fwd["kind"] == "data":
-            report.bad_leaves = list(fwd["bad_leaves"])
-        rp.describe(report, fwd, chain_length)
-
-    try:
-        zero_grads()
-        fwd = rp.culprit
-        watch = _BackwardWatch().run(loss, scale)
-        report.nonfinite_params = nonfinite_params()
-        blamed = watch.responsible(bad_hashes(report.nonfinite_params))
-        masked_fwd = None
-        if fwd is not None:
-            fkey = hash(fwd["f"])
-            if (not report.loss_finite or not report.nonfinite_params
-                    or any(o["fhash"] == fkey for o in blamed)):
-                forward_finding(fwd)
-                if report.loss_finite and report.nonfinite_params:
-                    report.notes.append(
-                        f"the inf/NaN of {report.function} are masked before the loss, "
-                        "but its backward pass still turns them into NaN gradients "
-                        "(0 * inf).")
-                return _finish(report, params)
-            masked_fwd = fwd
-        origins = blamed or watch.origins
-        if origins:
-            report.phase = "backward"
-            # The same batch at scale 1: an overflow, or a model problem?
-            if scale == 1.0:
-                at_one, bad_one = watch, report.nonfinite_params
-            else:
-                zero_grads()
-                at_one = _BackwardWatch().run(loss, 1.0)
-                bad_one = nonfinite_params()
-            report.finite_at_scale_one = not bad_one
-            culprit = origins[0]
-            if bad_one:
-                culprit = (at_one.responsible(bad_hashes(bad_one)) or at_one.origins
-                           or [culprit])[0]
-                if masked_fwd is not None and culprit["fhash"] == hash(masked_fwd["f"]):
-                    forward_finding(masked_fwd)
-                    report.notes.append(
-                        f"the inf/NaN of {report.function} are masked before the loss, "
-                        "but its backward pass still turns them into NaN gradients "
-                        "(0 * inf), at any scale.")
-                    return _finish(report, params)
-                report.kind = "model"
-            else:
-                report.kind = "overflow"
-                report.max_grad_at_scale_one = at_one.grad_max
-            report.output_grad_max_abs = list(culprit["out_grad_max"])
-            report.input_grad_dtypes = list(culprit["in_grad_dtypes"])
-            rp.describe(report, culprit, chain_length)
-            others = [o for o in blamed if o is not culprit]
-            if others and report.kind == "overflow":
-                report.notes.append(
-                    "other functions whose overflow reaches the parameters: " + ", ".join(
-                        f"{o['f'].info.type_name} (#{rp.fwd_index.get(o['fhash'])})"
-                        for o in others) + ".")
-            gmax = _dtype_max(report.input_grad_dtypes)
-            if report.kind == "overflow" and gmax is not None and at_one.grad_max > 0:
-                report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / at_one.grad_max))
-            if gmax is not None and scale > gmax:
-                report.notes.append(
-                    f"the scale {_fmt_scale(scale)} itself is larger than the largest "
-                    f"{_grad_dtype(report.input_grad_dtypes)} value ({gmax:.6g}): the "
-                    "gradient seeded into the backward pass cannot be represented, "
-                    "whatever the model does.")
-        if masked_fwd is not None:
-            f = masked_fwd["f"]
-            report.notes.append(
-                f"{f.info.type_name} (#{masked_fwd['index']}) also produces inf/NaN in "
-                "forward, but they are masked before the loss and reach no parameter.")
-    finally:
-        zero_grads()
-    return _finish(report, params)
+    def backward(self, scale: float) -> _Backward:
+        """Zero the gradients, then run a watched backward pass at ``scale``."""
+        self.zero_grads()
+        watch = BackwardWatch().run(self.loss, scale)
+        bad = [name for name, v in self.params.items()
+               if hash(v) in self.forward.leaves and array_stats(v.g)[0]]
+        return _Backward(watch, bad, watch.responsible([hash(self.params[n]) for n in bad]))
 
 
-def _finish(report: OverflowReport, params: Mapping[str, Any]) -> OverflowReport:
+# --------------------------------------------------------------------------- classification
+
+
+def _forward_is_to_blame(report: OverflowReport, fwd: Optional[Dict[str, Any]],
+                         at_scale: _Backward) -> bool:
+    """Whether there is a forward culprit and it explains the finding: the loss is not
+    finite, no parameter gradient is (the inf/NaN are masked), or its own backward pass is
+    an origin of a parameter's non-finite gradient."""
+    if fwd is None:
+        return False
+    return (not report.loss_finite or not report.nonfinite_params
+            or any(o["fhash"] == hash(fwd["f"]) for o in at_scale.blamed))
+
+
+def _forward_finding(report: OverflowReport, forward: ForwardWatch, fwd: Dict[str, Any],
+                     chain_length: int, at_any_scale: bool = False) -> None:
+    """A model or data problem found in the forward pass.
+
+    When the loss is finite but parameter gradients are not, the culprit's inf/NaN are
+    masked before the loss, yet its backward pass turns them into NaN gradients: a note
+    says so (``at_any_scale``: even at scale 1).
+    """
+    report.kind, report.phase = fwd["kind"], "forward"
+    if fwd["kind"] == "data":
+        report.bad_leaves = list(fwd["bad_leaves"])
+    forward.describe(report, fwd, chain_length)
+    if report.loss_finite and report.nonfinite_params:
+        report.notes.append(
+            f"the inf/NaN of {report.function} are masked before the loss, but its backward "
+            "pass still turns them into NaN gradients (0 * inf)"
+            + (", at any scale." if at_any_scale else "."))
+
+
+def _backward_finding(report: OverflowReport, forward: ForwardWatch, at_scale: _Backward,
+                      at_one: _Backward, masked: Optional[Dict[str, Any]],
+                      chain_length: int) -> None:
+    """An overflow (finite at scale 1) or a model problem (not finite even at scale 1) in
+    the backward pass; or the masked forward culprit ``masked`` when it is the one whose
+    backward pass is not finite at scale 1."""
+    report.phase = "backward"
+    report.finite_at_scale_one = not at_one.bad_params
+    if at_one.bad_params:
+        culprit = (at_one.origins or at_scale.origins)[0]
+        if masked is not None and culprit["fhash"] == hash(masked["f"]):
+            _forward_finding(report, forward, masked, chain_length, at_any_scale=True)
+            return
+        report.kind = "model"
+    else:
+        culprit = at_scale.origins[0]
+        report.kind = "overflow"
+        report.max_grad_at_scale_one = at_one.watch.grad_max
+    report.output_grad_max_abs = list(culprit["out_grad_max"])
+    report.input_grad_dtypes = list(culprit["in_grad_dtypes"])
+    forward.describe(report, culprit, chain_length)
+    _scale_findings(report, forward, culprit, at_scale, at_one)
+    if masked is not None:
+        report.notes.append(_masked_and_harmless(masked))
+
+
+def _scale_findings(report: OverflowReport, forward: ForwardWatch, culprit: Dict[str, Any],
+                    at_scale: _Backward, at_one: _Backward) -> None:
+    """Other overflowing functions, the largest safe scale, and a scale that is itself
+    beyond the gradient dtype's range."""
+    others = [o for o in at_scale.blamed if o is not culprit]
+    if others and report.kind == "overflow":
+        report.notes.append(
+            "other functions whose overflow reaches the parameters: " + ", ".join(
+                f"{o['f'].info.type_name} (#{forward.position(o['f'])})"
+                for o in others) + ".")
+    gmax = narrowest_float_max(report.input_grad_dtypes)
+    grad_max_at_one = at_one.watch.grad_max
+    if report.kind == "overflow" and gmax is not None and grad_max_at_one > 0:
+        report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / grad_max_at_one))
+    if gmax is not None and report.scale > gmax:
+        report.notes.append(
+            f"the scale {fmt_scale(report.scale)} itself is larger than the largest "
+            f"{narrowest_float(report.input_grad_dtypes)} value ({gmax:.6g}): the "
+            "gradient seeded into the backward pass cannot be represented, "
+            "whatever the model does.")
+
+
+# --------------------------------------------------------------------------- notes
+
+
+def _masked_and_harmless(fwd: Dict[str, Any]) -> str:
+    return (f"{fwd['f'].info.type_name} (#{fwd['index']}) also produces inf/NaN in forward, "
+            "but they are masked before the loss and reach no parameter.")
+
+
+def _closing_notes(report: OverflowReport, params: Mapping[str, Any]) -> OverflowReport:
     """Notes that depend only on the finished report."""
     if report.kind in ("model", "data") and report.phase == "forward":
         big = [report.input_names[i] for i, m in enumerate(report.input_max_abs)
-               if m > _FLOAT16_MAX]
+               if m > FP16_MAX]
         if big and any(d == "float16" for d in report.output_dtypes):
             report.notes.append(
                 "input(s) " + ", ".join(big) + " hold finite values beyond the float16 "
@@ -789,14 +271,3 @@ def _finish(report: OverflowReport, params: Mapping[str, Any]) -> OverflowReport
                             "loaded checkpoint corrupted it.")
     return report
 
-
-def _dtype_max(dtypes: List[str]) -> Optional[float]:
-    name = _grad_dtype(dtypes)
-    return float(np.finfo(np.dtype(name)).max) if name else None
-
-
-def _grad_dtype(dtypes: List[str]) -> Optional[str]:
-    floats = [d for d in dtypes if d.startswith("float")]
-    if not floats:
-        return None
-    return min(floats, key=lambda d: np.finfo(np.dtype(d)).max)
