@@ -21,6 +21,7 @@ from nnabla.logger import logger
 from . import diagnosis
 from .detector import OverflowDetector
 from .policy import DynamicLossScale
+from .report import LossScaleCollapseError, OverflowReport
 
 
 class CollapseWatch:
@@ -43,7 +44,7 @@ class CollapseWatch:
 
     def __init__(self, floor_policy: str, diagnose_after: int, params: Mapping,
                  detector: OverflowDetector, policy,
-                 agree_on_diagnosis: Callable[["diagnosis.OverflowReport"], bool]) -> None:
+                 agree_on_diagnosis: Callable[["OverflowReport"], bool]) -> None:
         self.floor_policy = floor_policy
         self.diagnose_after = diagnose_after
         self._params = params
@@ -52,7 +53,7 @@ class CollapseWatch:
         self._agree = agree_on_diagnosis
         self.overflow_streak = 0
         self.longest_overflow_streak = 0
-        self.last_report: Optional[diagnosis.OverflowReport] = None
+        self.last_report: Optional[OverflowReport] = None
         # A streak is diagnosed once by its length, and reported (raise/warn) at most once.
         self._streak_diagnosed = self._streak_reported = False
 
@@ -99,7 +100,7 @@ class CollapseWatch:
             return
         self._streak_reported = True
         if self.floor_policy == "raise":
-            raise diagnosis.LossScaleCollapseError(report, reason)
+            raise LossScaleCollapseError(report, reason)
         logger.warning(f"nnabla_mpt: loss scale collapse ({reason}); training goes on "
                        f"skipping these steps (floor_policy='warn').\n{report}")
 

@@ -177,7 +177,7 @@ COMMON = (
            "reaches ``diagnose_after`` or a step overflows at ``min_scale`` (a fixed scale "
            "has no floor): the updater replays the last batch with "
            ":func:`nnabla_mpt.diagnosis.diagnose` and ``\"raise\"`` (default) raises "
-           ":class:`~nnabla_mpt.diagnosis.LossScaleCollapseError` carrying the report; "
+           ":class:`~nnabla_mpt.LossScaleCollapseError` carrying the report; "
            "``\"warn\"`` logs the report once (``logger.warning``) and keeps skipping; "
            "``\"ignore\"`` does neither (and runs no diagnosis). The report is kept in "
            ":attr:`last_report`. A streak is reported at most once. A streak whose report "

@@ -177,7 +177,7 @@ class _LossScalingUpdater:
 
     @property
     def last_report(self):
-        """The :class:`~nnabla_mpt.diagnosis.OverflowReport` of the last diagnosis, or
+        """The :class:`~nnabla_mpt.OverflowReport` of the last diagnosis, or
         None."""
         return self._collapse.last_report
 
@@ -359,7 +359,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
 
     Attributes:
         shared_grads: The :class:`~nnabla_mpt.SharedGradients` in use, or None.
-        last_report: The :class:`~nnabla_mpt.diagnosis.OverflowReport` of the last
+        last_report: The :class:`~nnabla_mpt.OverflowReport` of the last
             diagnosis, or None.
 
     Example:
