@@ -6,8 +6,6 @@ that data-parallel training uses.
 """
 import ctypes
 import os
-import sys
-import time
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -16,55 +14,12 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from . import _fused
+from .abort import hard_abort, install_excepthook
 
 __all__ = ["MPICommunicator", "SharedGradients"]
 
 Algorithm = Literal["auto", "shared_memory", "reduce_scatter", "reduce_bcast"]
 _ALGORITHMS = ("auto", "shared_memory", "reduce_scatter", "reduce_bcast")
-_ABORT_GRACE_SECONDS = 0.2
-
-# The communicator that the process-wide exception hook aborts; set by the first
-# MPICommunicator created with abort_on_exception=True.
-_abort_hook_comm = None
-
-
-def _abort_excepthook(exc_type, exc, tb):
-    """``sys.excepthook`` that reports the exception, then aborts the whole MPI job."""
-    previous = getattr(_abort_excepthook, "previous", sys.__excepthook__)
-    try:
-        previous(exc_type, exc, tb)
-    finally:
-        comm = _abort_hook_comm
-        if comm is None or comm.size == 1:  # nobody else can be left waiting
-            return
-        logger.error("rank %d of %d raised %s; aborting the MPI job (error code 1)",
-                     comm.rank, comm.size, exc_type.__name__)
-        _hard_abort(comm.comm, 1)
-
-
-def _hard_abort(mpi_comm: Any, errorcode: int) -> None:
-    """``MPI_Abort`` and never return.
-
-    Some MPI implementations (MPICH among them) return from ``MPI_Abort`` after asking the
-    launcher to kill the job; the calling rank must not run on meanwhile (for example into
-    a collective its peers never reach, or into writing a checkpoint), so it exits at once.
-    """
-    _flush_std_streams()
-    # Give the launcher a moment to forward what this rank just wrote (the traceback):
-    # the abort kills the processes that relay the output.
-    time.sleep(_ABORT_GRACE_SECONDS)
-    try:
-        mpi_comm.Abort(errorcode)
-    finally:
-        os._exit(errorcode)
-
-
-def _flush_std_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # a closed or replaced stream must not stop the abort
-            pass
 
 
 def _as_ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
@@ -250,7 +205,7 @@ class MPICommunicator:
         self._buffer = np.empty(0, np.float32)
         self._block = np.empty(0, np.float32)
         if abort_on_exception:
-            self._install_abort_hook()
+            install_excepthook(self)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -539,7 +494,7 @@ class MPICommunicator:
                             f"{errorcode!r}")
         logger.error("rank %d of %d aborts the MPI job (error code %d)", self._rank, self._size,
                      int(errorcode))
-        _hard_abort(self._comm, int(errorcode))
+        hard_abort(self._comm, int(errorcode))
 
     # ------------------------------------------------------------------ internals
     def _reduce(self, buf: np.ndarray) -> None:
@@ -624,15 +579,6 @@ class MPICommunicator:
         if group != "world":
             raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
                              f"supports), got {group!r}")
-
-    def _install_abort_hook(self) -> None:
-        global _abort_hook_comm
-        if _abort_hook_comm is not None:
-            return
-        _abort_hook_comm = self
-        if sys.excepthook is not _abort_excepthook:
-            _abort_excepthook.previous = sys.excepthook
-            sys.excepthook = _abort_excepthook
 
 
 class SharedGradients:
