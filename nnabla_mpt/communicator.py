@@ -14,6 +14,7 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from . import _fused
+from ._validate import boolean
 from .abort import hard_abort, install_excepthook
 
 __all__ = ["MPICommunicator", "SharedGradients"]
@@ -43,11 +44,6 @@ def _as_ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
             raise TypeError(f"{argname}[{i}] must be an nnabla.NdArray, got "
                             f"{type(a).__name__}{hint}")
     return list(data)
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}: {value!r}")
 
 
 def _dtype_of(a: "nn.NdArray") -> np.dtype:
@@ -166,7 +162,7 @@ class MPICommunicator:
                  algorithm: Algorithm = "auto") -> None:
         from mpi4py import MPI  # imported here so that importing nnabla_mpt never starts MPI
 
-        _check_bool("abort_on_exception", abort_on_exception)
+        abort_on_exception = boolean("abort_on_exception", abort_on_exception)
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
         if comm is None:
@@ -275,8 +271,8 @@ class MPICommunicator:
                 arrays or of elements (raised on every rank).
         """
         arrays = _as_ndarray_list(data)
-        _check_bool("division", division)
-        _check_bool("inplace", inplace)
+        division = boolean("division", division)
+        boolean("inplace", inplace)
         self._check_group(group)
         self.n_all_reduce_calls += 1
         if self._size == 1:
@@ -334,7 +330,7 @@ class MPICommunicator:
         """
         arrays = _as_ndarray_list(data)
         self._check_src(src)
-        _check_bool("inplace", inplace)
+        boolean("inplace", inplace)
         self._check_group(group)
         self.n_bcast_calls += 1
         self._bcast_arrays(arrays, src, names=None)
