@@ -5,7 +5,6 @@ that data-parallel training uses.
 ``import nnabla_mpt`` never initialises MPI.
 """
 import ctypes
-import os
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -13,9 +12,10 @@ import numpy as np
 import nnabla as nn
 from nnabla.logger import logger
 
-from . import _fused
+from . import _fused, shared_grads
 from ._validate import boolean
 from .abort import hard_abort, install_excepthook
+from .shared_grads import SharedGradients
 
 __all__ = ["MPICommunicator", "SharedGradients"]
 
@@ -418,33 +418,14 @@ class MPICommunicator:
             ValueError: ``params`` is empty or has a Variable twice, or this communicator
                 does not use ``algorithm="shared_memory"``.
         """
-        if isinstance(params, dict):
-            items = list(params.items())
-        elif isinstance(params, (list, tuple)):
-            items = list(enumerate(params))
-        else:
-            raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
-                            f"Variables, got {type(params).__name__}: {params!r}")
-        if not items:
-            raise ValueError(f"params must contain at least one parameter, got an empty "
-                             f"{type(params).__name__}")
-        seen = {}
-        for name, v in items:
-            if not isinstance(v, nn.Variable):
-                raise TypeError(f"params[{name!r}] must be an nnabla.Variable, got "
-                                f"{type(v).__name__}")
-            if id(v) in seen:
-                raise ValueError(f"params[{name!r}] is the same Variable as "
-                                 f"params[{seen[id(v)]!r}]")
-            seen[id(v)] = name
+        variables = shared_grads.parameter_variables(params)
         if self._algorithm != "shared_memory":
             raise ValueError(f"share_grads needs algorithm='shared_memory' (every rank on "
                              f"one machine); this communicator uses {self._algorithm!r}")
-        variables = [v for _, v in items]
         shortfall = self.shared_memory_shortfall(variables)
         if shortfall:
             raise ValueError(f"share_grads: {shortfall}")
-        shared = SharedGradients(self, variables)
+        shared = SharedGradients(variables, self._allocate_shared)
         self.n_collectives += 1  # the barrier after zeroing the window
         return shared
 
@@ -457,20 +438,7 @@ class MPICommunicator:
         would kill the processes with ``SIGBUS`` at the first write instead of raising.
         The ranks agree on the answer (one collective), so that they all decide alike.
         """
-        per_rank = 4 * sum(_fused.padded(int(v.size)) for v in variables)
-        needed = per_rank * self._local_size
-        free = _shm_free_bytes()
-        fits = free is None or needed <= free
-        self.n_collectives += 1
-        if self._comm.allreduce(1 if fits else 0, op=self._MPI.MIN):
-            return ""
-        if fits:
-            return (f"another rank found too little free space in {_SHM_DIR} for the "
-                    f"gradients ({_mib(needed)})")
-        return (f"the gradients need {_mib(needed)} of shared memory for the "
-                f"{self._local_size} rank(s) of this machine ({_mib(per_rank)} each), and "
-                f"{_SHM_DIR} has {_mib(free)} free; make room there (a container's "
-                f"--shm-size) or do not share the gradients")
+        return shared_grads.shortfall(variables, self._local_size, self._on_every_rank)
 
     def barrier(self) -> None:
         """Block until every rank has reached this call."""
@@ -554,6 +522,20 @@ class MPICommunicator:
         return np.frombuffer((ctypes.c_char * (a.size * dtype.itemsize)).from_address(ptr),
                              dtype=dtype)
 
+    def _allocate_shared(self, shapes: List[tuple]) -> _fused.SharedArrays:
+        """A new window of float32 arrays of ``shapes`` (collective), one that
+        :meth:`all_reduce` then looks for its arrays in."""
+        self._n_shared += 1
+        region = _fused.SharedArrays(self._MPI, self._comm, shapes, self._n_shared,
+                                     self._host_ctx)
+        self._shared.append(region)
+        return region
+
+    def _on_every_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on every rank (one collective)."""
+        self.n_collectives += 1
+        return bool(self._comm.allreduce(1 if flag else 0, op=self._MPI.MIN))
+
     def _get_buffer(self, n: int, dtype: np.dtype) -> np.ndarray:
         if self._buffer.dtype != dtype or self._buffer.size < n:
             self._buffer = np.empty(n, dtype)
@@ -575,90 +557,6 @@ class MPICommunicator:
         if group != "world":
             raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
                              f"supports), got {group!r}")
-
-
-class SharedGradients:
-    """Gradients placed in shared memory by :meth:`MPICommunicator.share_grads`.
-
-    Attributes:
-        variables: The parameters, in the order given.
-        arrays: Their gradient arrays (the current ``.grad`` of each; :meth:`zero` renews
-            an entry whose gradient had to be put back), the list to pass to
-            :meth:`MPICommunicator.all_reduce`. Parameters with no elements keep
-            gradients of their own.
-        n_replaced (int): How many times :meth:`zero` found a gradient outside the shared
-            memory and put it back.
-    """
-
-    # After this many calls of zero() in a row that had to put a gradient back, one
-    # warning says that the gradients keep leaving the shared memory.
-    _WARN_AFTER = 3
-
-    def __init__(self, comm: MPICommunicator, variables: List["nn.Variable"]) -> None:
-        self.variables = list(variables)
-        self._placed = [i for i, v in enumerate(self.variables) if v.size > 0]
-        self._empty = [v for v in self.variables if v.size == 0]
-        comm._n_shared += 1
-        self._region = _fused.SharedArrays(comm._MPI, comm.comm,
-                                           [self.variables[i].shape for i in self._placed],
-                                           comm._n_shared, comm._host_ctx)
-        comm._shared.append(self._region)
-        for k, i in enumerate(self._placed):
-            v = self.variables[i]
-            current = np.array(v.g, dtype=np.float32)  # kept
-            v.grad = self._region.arrays[k]
-            self._region.view(k)[...] = current.reshape(-1)
-        self.arrays = [v.grad for v in self.variables]
-        self.n_replaced = 0
-        self._streak = 0
-        self._warned = False
-
-    def zero(self) -> None:
-        """Set every gradient to zero, in place in the shared memory.
-
-        A gradient found elsewhere (after ``solver.zero_grad()``, an assignment to
-        ``.grad`` or a float16 backward pass) is put back first: its parameter's
-        ``.grad`` becomes a new array over its place (and :attr:`arrays` is renewed).
-        """
-        region, variables, arrays = self._region, self.variables, self.arrays
-        replaced = False
-        for k, i in enumerate(self._placed):
-            v = variables[i]
-            if not region.in_place(k, v.grad):
-                v.grad = region.fresh(k)
-                arrays[i] = v.grad
-                replaced = True
-        region.mine[:] = 0
-        for v in self._empty:
-            v.grad.zero()
-        if replaced:
-            self.n_replaced += 1
-            self._streak += 1
-            if self._streak >= self._WARN_AFTER and not self._warned:
-                self._warned = True
-                logger.warning(
-                    f"nnabla_mpt: the gradients in shared memory were found elsewhere at "
-                    f"{self._streak} zero() calls in a row (solver.zero_grad(), float16 "
-                    f"gradients?); they are reduced by copying meanwhile. Zero them with "
-                    f"SharedGradients.zero(), or do not share them")
-        else:
-            self._streak = 0
-
-
-_SHM_DIR = "/dev/shm"
-
-
-def _shm_free_bytes() -> Optional[int]:
-    """Free bytes in the shared-memory file system, or None if it cannot be read."""
-    try:
-        st = os.statvfs(_SHM_DIR)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2 ** 20:,.1f} MiB"
 
 
 def _signature_mismatch(src_names: Optional[List[str]], src_shapes: List[Tuple[int, ...]],

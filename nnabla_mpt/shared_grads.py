@@ -1,0 +1,148 @@
+"""Gradients in memory shared by the ranks of one machine, made by
+:meth:`nnabla_mpt.MPICommunicator.share_grads`.
+
+:class:`SharedGradients` places the parameters' gradients in a shared-memory window and
+keeps them there; :func:`shortfall` checks first that the window fits in the machine's
+shared memory, where a full ``/dev/shm`` would otherwise kill the processes with ``SIGBUS``.
+"""
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+import nnabla as nn
+from nnabla.logger import logger
+
+from . import _fused
+
+__all__ = ["SharedGradients"]
+
+_SHM_DIR = "/dev/shm"
+
+
+def parameter_variables(params: Union[Dict[str, Any], Sequence[Any]]) -> List["nn.Variable"]:
+    """The Variables of ``params`` (a dict of name to Variable, or a list), in order, after
+    checking that there is at least one and that none is there twice."""
+    if isinstance(params, dict):
+        items = list(params.items())
+    elif isinstance(params, (list, tuple)):
+        items = list(enumerate(params))
+    else:
+        raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
+                        f"Variables, got {type(params).__name__}: {params!r}")
+    if not items:
+        raise ValueError(f"params must contain at least one parameter, got an empty "
+                         f"{type(params).__name__}")
+    seen = {}
+    for name, v in items:
+        if not isinstance(v, nn.Variable):
+            raise TypeError(f"params[{name!r}] must be an nnabla.Variable, got "
+                            f"{type(v).__name__}")
+        if id(v) in seen:
+            raise ValueError(f"params[{name!r}] is the same Variable as "
+                             f"params[{seen[id(v)]!r}]")
+        seen[id(v)] = name
+    return [v for _, v in items]
+
+
+def shortfall(variables: Sequence["nn.Variable"], local_size: int,
+              on_every_rank: Callable[[bool], bool]) -> str:
+    """Why the gradients of ``variables`` would not fit in the shared memory of this
+    machine's ``local_size`` ranks, or ``""`` if they fit (or the free space cannot be read).
+
+    ``on_every_rank(fits)`` tells whether ``fits`` is true on every rank (a collective), so
+    that the ranks all decide alike.
+    """
+    per_rank = 4 * sum(_fused.padded(int(v.size)) for v in variables)
+    needed = per_rank * local_size
+    free = _shm_free_bytes()
+    fits = free is None or needed <= free
+    if on_every_rank(fits):
+        return ""
+    if fits:
+        return (f"another rank found too little free space in {_SHM_DIR} for the "
+                f"gradients ({_mib(needed)})")
+    return (f"the gradients need {_mib(needed)} of shared memory for the "
+            f"{local_size} rank(s) of this machine ({_mib(per_rank)} each), and "
+            f"{_SHM_DIR} has {_mib(free)} free; make room there (a container's "
+            f"--shm-size) or do not share the gradients")
+
+
+def _shm_free_bytes() -> Optional[int]:
+    """Free bytes in the shared-memory file system, or None if it cannot be read."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:,.1f} MiB"
+
+
+class SharedGradients:
+    """Gradients placed in shared memory by :meth:`MPICommunicator.share_grads`.
+
+    Attributes:
+        variables: The parameters, in the order given.
+        arrays: Their gradient arrays (the current ``.grad`` of each; :meth:`zero` renews
+            an entry whose gradient had to be put back), the list to pass to
+            :meth:`MPICommunicator.all_reduce`. Parameters with no elements keep
+            gradients of their own.
+        n_replaced (int): How many times :meth:`zero` found a gradient outside the shared
+            memory and put it back.
+    """
+
+    # After this many calls of zero() in a row that had to put a gradient back, one
+    # warning says that the gradients keep leaving the shared memory.
+    _WARN_AFTER = 3
+
+    def __init__(self, variables: List["nn.Variable"],
+                 allocate: Callable[[List[tuple]], "_fused.SharedArrays"]) -> None:
+        """Place the gradients of ``variables`` (current values kept) in the window that
+        ``allocate(shapes)`` creates for the shapes of those with elements (collective)."""
+        self.variables = list(variables)
+        self._placed = [i for i, v in enumerate(self.variables) if v.size > 0]
+        self._empty = [v for v in self.variables if v.size == 0]
+        self._region = allocate([self.variables[i].shape for i in self._placed])
+        for k, i in enumerate(self._placed):
+            v = self.variables[i]
+            current = np.array(v.g, dtype=np.float32)  # kept
+            v.grad = self._region.arrays[k]
+            self._region.view(k)[...] = current.reshape(-1)
+        self.arrays = [v.grad for v in self.variables]
+        self.n_replaced = 0
+        self._streak = 0
+        self._warned = False
+
+    def zero(self) -> None:
+        """Set every gradient to zero, in place in the shared memory.
+
+        A gradient found elsewhere (after ``solver.zero_grad()``, an assignment to
+        ``.grad`` or a float16 backward pass) is put back first: its parameter's
+        ``.grad`` becomes a new array over its place (and :attr:`arrays` is renewed).
+        """
+        region, variables, arrays = self._region, self.variables, self.arrays
+        replaced = False
+        for k, i in enumerate(self._placed):
+            v = variables[i]
+            if not region.in_place(k, v.grad):
+                v.grad = region.fresh(k)
+                arrays[i] = v.grad
+                replaced = True
+        region.mine[:] = 0
+        for v in self._empty:
+            v.grad.zero()
+        if replaced:
+            self.n_replaced += 1
+            self._streak += 1
+            if self._streak >= self._WARN_AFTER and not self._warned:
+                self._warned = True
+                logger.warning(
+                    f"nnabla_mpt: the gradients in shared memory were found elsewhere at "
+                    f"{self._streak} zero() calls in a row (solver.zero_grad(), float16 "
+                    f"gradients?); they are reduced by copying meanwhile. Zero them with "
+                    f"SharedGradients.zero(), or do not share them")
+        else:
+            self._streak = 0
