@@ -41,9 +41,11 @@ import numpy as np
 
 import nnabla as nn
 from mpi4py import MPI
+from nnabla.ext_utils import get_extension_context
 
 from _machine import cpu_model
 from nnabla_mpt import MPICommunicator
+from nnabla_mpt._hostarray import host_view
 
 
 def layouts():
@@ -139,7 +141,8 @@ def main():
         views = [g.get_data("rw") for g in grads]
         shared = shared_grads(comm, grads)
         # views of the shared gradients' memory, taken once, outside the timings
-        views += [comm._host_view(a, np.dtype(np.float32)) for a in shared.arrays]
+        cpu = get_extension_context("cpu")
+        views += [host_view(a, np.dtype(np.float32), cpu) for a in shared.arrays]
 
         def per_array_mpi(grads):
             for v in views[:len(grads)]:

@@ -4,15 +4,15 @@ that data-parallel training uses.
 ``mpi4py`` is imported only when an :class:`MPICommunicator` is constructed, so
 ``import nnabla_mpt`` never initialises MPI.
 """
-import ctypes
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
 import numpy as np
 
 import nnabla as nn
 from nnabla.logger import logger
 
-from . import _fused, shared_grads
+from . import _fused, broadcast, shared_grads
+from ._hostarray import dtype_of
 from ._validate import boolean
 from .abort import hard_abort, install_excepthook
 from .shared_grads import SharedGradients
@@ -44,14 +44,6 @@ def _as_ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
             raise TypeError(f"{argname}[{i}] must be an nnabla.NdArray, got "
                             f"{type(a).__name__}{hint}")
     return list(data)
-
-
-def _dtype_of(a: "nn.NdArray") -> np.dtype:
-    """The dtype an NdArray holds; float32 for one never written (nnabla reads it so)."""
-    try:
-        return np.dtype(a.dtype)
-    except RuntimeError:
-        return np.dtype(np.float32)
 
 
 def _reduction_dtype(dtypes: Sequence[np.dtype]) -> np.dtype:
@@ -278,7 +270,7 @@ class MPICommunicator:
         if self._size == 1:
             return  # the sum over one rank is the array itself, and so is the average
 
-        dtypes = [_dtype_of(a) for a in arrays]
+        dtypes = [dtype_of(a) for a in arrays]
         lay = _fused.layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
         if self._shm is not None:
             place = None
@@ -354,30 +346,7 @@ class MPICommunicator:
                 differ between ranks.
         """
         self._check_src(src)
-        if isinstance(params, dict):
-            names = sorted(params)
-            for k in names:
-                if not isinstance(k, str):
-                    raise TypeError(f"params keys must be str, got {type(k).__name__}: {k!r}")
-            values = [params[k] for k in names]
-        elif isinstance(params, (list, tuple)):
-            names, values = None, list(params)
-        else:
-            raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
-                            f"Variables/NdArrays, got {type(params).__name__}: {params!r}")
-        if not values:
-            raise ValueError(f"params must contain at least one parameter, got an empty "
-                             f"{type(params).__name__}")
-        arrays = []
-        for i, v in enumerate(values):
-            if isinstance(v, nn.Variable):
-                arrays.append(v.data)
-            elif isinstance(v, nn.NdArray):
-                arrays.append(v)
-            else:
-                where = f"params[{names[i]!r}]" if names is not None else f"params[{i}]"
-                raise TypeError(f"{where} must be an nnabla.Variable or nnabla.NdArray, got "
-                                f"{type(v).__name__}")
+        names, arrays = broadcast.parameter_arrays(params)
         self.n_bcast_calls += 1
         self._bcast_arrays(arrays, src, names=names)
 
@@ -477,50 +446,11 @@ class MPICommunicator:
 
     def _bcast_arrays(self, arrays: List["nn.NdArray"], src: int,
                       names: Optional[List[str]]) -> None:
-        shapes = [tuple(a.shape) for a in arrays]
-        dtypes = [_dtype_of(a).str for a in arrays] if self._rank == src else None
-        signatures = self._comm.allgather((names, shapes, dtypes))
         self.n_collectives += 1
-        src_names, src_shapes, src_dtypes = signatures[src]
-        for r, (r_names, r_shapes, _) in enumerate(signatures):
-            problem = _signature_mismatch(src_names, src_shapes, r_names, r_shapes)
-            if problem:
-                raise ValueError(f"cannot broadcast from rank {src}: rank {r} {problem}")
-        if self._size == 1:
-            return
-        nbytes = [int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
-                  for s, d in zip(src_shapes, src_dtypes)]
-        buf = np.empty(int(sum(nbytes)), np.uint8)
-        if self._rank == src:
-            off = 0
-            for a, d, n in zip(arrays, src_dtypes, nbytes):
-                buf[off:off + n] = self._host_view(a, np.dtype(d)).view(np.uint8)
-                off += n
-        self._comm.Bcast(buf, root=src)
-        self.n_collectives += 1
-        if self._rank == src:
-            return
-        off = 0
-        for a, d, n in zip(arrays, src_dtypes, nbytes):
-            out = self._host_view(a, np.dtype(d), write_only=True)
-            out.view(np.uint8)[:] = buf[off:off + n]
-            off += n
-
-    def _host_view(self, a: "nn.NdArray", dtype: np.dtype,
-                   write_only: bool = False) -> np.ndarray:
-        """A flat numpy view of ``a``'s host memory in ``dtype``.
-
-        Goes through ``NdArray.data_ptr``, which (like ``NdArray.cast``) makes the array in
-        ``dtype`` the only valid copy, so writes through the view are what nnabla reads
-        next. ``NdArray.get_data`` does the same but costs some 40 microseconds per call,
-        which for a model with 200 parameter arrays exceeds the reduction itself.
-        The view is valid until nnabla next touches the array, so it is used at once.
-        """
-        if a.size == 0:
-            return np.empty(0, dtype)
-        ptr = a.data_ptr(dtype, self._host_ctx, write_only)
-        return np.frombuffer((ctypes.c_char * (a.size * dtype.itemsize)).from_address(ptr),
-                             dtype=dtype)
+        dtypes = broadcast.sender_dtypes(self._comm, arrays, src, names)
+        if self._size > 1:
+            self.n_collectives += 1
+            broadcast.transfer(self._comm, arrays, src, dtypes, self._host_ctx)
 
     def _allocate_shared(self, shapes: List[tuple]) -> _fused.SharedArrays:
         """A new window of float32 arrays of ``shapes`` (collective), one that
@@ -557,19 +487,3 @@ class MPICommunicator:
         if group != "world":
             raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
                              f"supports), got {group!r}")
-
-
-def _signature_mismatch(src_names: Optional[List[str]], src_shapes: List[Tuple[int, ...]],
-                        names: Optional[List[str]], shapes: List[Tuple[int, ...]]) -> str:
-    """Describe how one rank's arrays differ from the sender's, or return ''."""
-    if src_names is not None and names != src_names:
-        missing = sorted(set(src_names) - set(names or []))
-        extra = sorted(set(names or []) - set(src_names))
-        return f"has different parameter names (missing {missing}, extra {extra})"
-    if len(shapes) != len(src_shapes):
-        return f"passed {len(shapes)} arrays, the sender {len(src_shapes)}"
-    for i, (s, t) in enumerate(zip(shapes, src_shapes)):
-        if s != t:
-            label = repr(src_names[i]) if src_names is not None else str(i)
-            return f"has shape {s} for array {label}, the sender {t}"
-    return ""
