@@ -180,8 +180,10 @@ class MPICommunicator:
         if algorithm == "auto":
             algorithm = "shared_memory" if one_node else "reduce_scatter"
         self._algorithm = algorithm
-        self._shm = None
-        if algorithm == "shared_memory" and self._size > 1:
+        self._shm = self._messages = None
+        if algorithm != "shared_memory":
+            self._messages = _fused.MessageReduction(MPI, comm, algorithm)
+        elif self._size > 1:
             self._shm = _fused.SharedMemoryReduction(MPI, comm)
         self._shared: List[_fused.SharedArrays] = []
         self._n_shared = 0
@@ -190,8 +192,6 @@ class MPICommunicator:
         self.n_collectives = 0
         from nnabla.ext_utils import get_extension_context
         self._host_ctx = get_extension_context("cpu")
-        self._buffer = np.empty(0, np.float32)
-        self._block = np.empty(0, np.float32)
         if abort_on_exception:
             install_excepthook(self)
 
@@ -272,31 +272,20 @@ class MPICommunicator:
 
         dtypes = [dtype_of(a) for a in arrays]
         lay = _fused.layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
-        if self._shm is not None:
-            place = None
-            for shared in self._shared:
-                place = shared.locate(lay)
-                if place is not None:
-                    break
-            before = self._shm.barriers
-            try:
-                self._shm.all_reduce(lay, len(arrays), division, place)
-            finally:
-                self.n_collectives += self._shm.barriers - before
+        if self._shm is None:
+            self._messages.all_reduce(lay, division)
+            self.n_collectives += 2  # Reduce_scatter_block + Allgather, or Reduce + Bcast
             return
-        total = lay.total
-        padded = -(-total // self._size) * self._size
-        buf = self._get_buffer(padded, lay.dtype)
-        buf_ptr = buf.ctypes.data
-        # each array is read in its own dtype; the copy converts to the buffer's
-        _fused.gather(lay, 0, total, buf, buf_ptr)
-        buf[total:] = 0
-
-        self._reduce(buf)
-        if division:
-            buf[:total] /= self._size
-
-        _fused.scatter(lay, 0, total, buf, buf_ptr)
+        place = None
+        for shared in self._shared:
+            place = shared.locate(lay)
+            if place is not None:
+                break
+        before = self._shm.barriers
+        try:
+            self._shm.all_reduce(lay, len(arrays), division, place)
+        finally:
+            self.n_collectives += self._shm.barriers - before
 
     def bcast(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]], src: int = 0,
               inplace: bool = False, group: str = "world") -> None:
@@ -430,20 +419,6 @@ class MPICommunicator:
         hard_abort(self._comm, int(errorcode))
 
     # ------------------------------------------------------------------ internals
-    def _reduce(self, buf: np.ndarray) -> None:
-        MPI = self._MPI
-        if self._algorithm == "reduce_scatter":
-            blk = self._get_block(buf.size // self._size, buf.dtype)
-            self._comm.Reduce_scatter_block(buf, blk, op=MPI.SUM)
-            self._comm.Allgather(blk, buf)
-        else:
-            if self._rank == 0:
-                self._comm.Reduce(MPI.IN_PLACE, buf, op=MPI.SUM, root=0)
-            else:
-                self._comm.Reduce(buf, None, op=MPI.SUM, root=0)
-            self._comm.Bcast(buf, root=0)
-        self.n_collectives += 2
-
     def _bcast_arrays(self, arrays: List["nn.NdArray"], src: int,
                       names: Optional[List[str]]) -> None:
         self.n_collectives += 1
@@ -465,16 +440,6 @@ class MPICommunicator:
         """Whether ``flag`` is true on every rank (one collective)."""
         self.n_collectives += 1
         return bool(self._comm.allreduce(1 if flag else 0, op=self._MPI.MIN))
-
-    def _get_buffer(self, n: int, dtype: np.dtype) -> np.ndarray:
-        if self._buffer.dtype != dtype or self._buffer.size < n:
-            self._buffer = np.empty(n, dtype)
-        return self._buffer[:n]
-
-    def _get_block(self, n: int, dtype: np.dtype) -> np.ndarray:
-        if self._block.dtype != dtype or self._block.size < n:
-            self._block = np.empty(n, dtype)
-        return self._block[:n]
 
     def _check_src(self, src: Any) -> None:
         if not isinstance(src, (int, np.integer)) or isinstance(src, bool):
