@@ -185,13 +185,12 @@ class MPICommunicator:
             self._messages = _fused.MessageReduction(MPI, comm, algorithm)
         elif self._size > 1:
             self._shm = _fused.SharedMemoryReduction(MPI, comm)
-        self._shared: List[_fused.SharedArrays] = []
-        self._n_shared = 0
+        from nnabla.ext_utils import get_extension_context
+        self._host_ctx = get_extension_context("cpu")
+        self._windows = shared_grads.GradientWindows(MPI, comm, self._host_ctx)
         self.n_all_reduce_calls = 0
         self.n_bcast_calls = 0
         self.n_collectives = 0
-        from nnabla.ext_utils import get_extension_context
-        self._host_ctx = get_extension_context("cpu")
         if abort_on_exception:
             install_excepthook(self)
 
@@ -276,11 +275,7 @@ class MPICommunicator:
             self._messages.all_reduce(lay, division)
             self.n_collectives += 2  # Reduce_scatter_block + Allgather, or Reduce + Bcast
             return
-        place = None
-        for shared in self._shared:
-            place = shared.locate(lay)
-            if place is not None:
-                break
+        place = self._windows.locate(lay)
         before = self._shm.barriers
         try:
             self._shm.all_reduce(lay, len(arrays), division, place)
@@ -383,7 +378,7 @@ class MPICommunicator:
         shortfall = self.shared_memory_shortfall(variables)
         if shortfall:
             raise ValueError(f"share_grads: {shortfall}")
-        shared = SharedGradients(variables, self._allocate_shared)
+        shared = SharedGradients(variables, self._windows)
         self.n_collectives += 1  # the barrier after zeroing the window
         return shared
 
@@ -426,15 +421,6 @@ class MPICommunicator:
         if self._size > 1:
             self.n_collectives += 1
             broadcast.transfer(self._comm, arrays, src, dtypes, self._host_ctx)
-
-    def _allocate_shared(self, shapes: List[tuple]) -> _fused.SharedArrays:
-        """A new window of float32 arrays of ``shapes`` (collective), one that
-        :meth:`all_reduce` then looks for its arrays in."""
-        self._n_shared += 1
-        region = _fused.SharedArrays(self._MPI, self._comm, shapes, self._n_shared,
-                                     self._host_ctx)
-        self._shared.append(region)
-        return region
 
     def _on_every_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is true on every rank (one collective)."""

@@ -4,6 +4,8 @@
 :class:`SharedGradients` places the parameters' gradients in a shared-memory window and
 keeps them there; :func:`shortfall` checks first that the window fits in the machine's
 shared memory, where a full ``/dev/shm`` would otherwise kill the processes with ``SIGBUS``.
+:class:`GradientWindows` holds a communicator's windows and finds the arrays of an
+all-reduce in them.
 """
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -81,6 +83,40 @@ def _mib(n: int) -> str:
     return f"{n / 2 ** 20:,.1f} MiB"
 
 
+class GradientWindows:
+    """The shared-memory windows of one communicator's :class:`SharedGradients`.
+
+    Each :meth:`MPICommunicator.share_grads` call allocates one; the communicator's
+    :meth:`~MPICommunicator.all_reduce` asks :meth:`locate` whether the arrays it was
+    given lie in one of them, to sum them there.
+    """
+
+    def __init__(self, MPI: Any, comm: Any, ctx: Any) -> None:
+        self._MPI = MPI
+        self._comm = comm
+        self._ctx = ctx
+        self._windows: List[_fused.SharedArrays] = []
+        self._allocated = 0
+
+    def allocate(self, shapes: List[tuple]) -> "_fused.SharedArrays":
+        """A new window of float32 arrays of ``shapes`` (collective: every rank allocates
+        the same shapes, in the same order relative to its other allocations)."""
+        self._allocated += 1
+        window = _fused.SharedArrays(self._MPI, self._comm, shapes, self._allocated,
+                                     self._ctx)
+        self._windows.append(window)
+        return window
+
+    def locate(self, lay: "_fused.Layout") -> Optional[tuple]:
+        """The place of ``lay``'s arrays in one of the windows, ``(window, lo, hi)`` (see
+        :meth:`_fused.SharedArrays.locate`), or None if no window holds them."""
+        for window in self._windows:
+            place = window.locate(lay)
+            if place is not None:
+                return place
+        return None
+
+
 class SharedGradients:
     """Gradients placed in shared memory by :meth:`MPICommunicator.share_grads`.
 
@@ -98,14 +134,13 @@ class SharedGradients:
     # warning says that the gradients keep leaving the shared memory.
     _WARN_AFTER = 3
 
-    def __init__(self, variables: List["nn.Variable"],
-                 allocate: Callable[[List[tuple]], "_fused.SharedArrays"]) -> None:
-        """Place the gradients of ``variables`` (current values kept) in the window that
-        ``allocate(shapes)`` creates for the shapes of those with elements (collective)."""
+    def __init__(self, variables: List["nn.Variable"], windows: "GradientWindows") -> None:
+        """Place the gradients of ``variables`` (current values kept) in a new window of
+        ``windows`` (collective)."""
         self.variables = list(variables)
         self._placed = [i for i, v in enumerate(self.variables) if v.size > 0]
         self._empty = [v for v in self.variables if v.size == 0]
-        self._region = allocate([self.variables[i].shape for i in self._placed])
+        self._region = windows.allocate([self.variables[i].shape for i in self._placed])
         for k, i in enumerate(self._placed):
             v = self.variables[i]
             current = np.array(v.g, dtype=np.float32)  # kept
