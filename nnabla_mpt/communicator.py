@@ -4,7 +4,7 @@ that data-parallel training uses.
 ``mpi4py`` is imported only when an :class:`MPICommunicator` is constructed, so
 ``import nnabla_mpt`` never initialises MPI.
 """
-from typing import Any, Dict, List, Literal, Optional, Sequence, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -54,6 +54,44 @@ def _reduction_dtype(dtypes: Sequence[np.dtype]) -> np.dtype:
             raise TypeError(f"data holds an array of dtype {dt}; only boolean, integer and "
                             f"floating arrays can be reduced")
     return np.dtype(np.result_type(np.float32, *unique))
+
+
+def _checked_comm(MPI: Any, comm: Any) -> Any:
+    """``comm``, or ``MPI.COMM_WORLD`` for None, once it is known to be a usable one."""
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py.MPI.Comm or None, got "
+                        f"{type(comm).__name__}: {comm!r}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm must be a valid communicator, got MPI.COMM_NULL")
+    return comm
+
+
+def _rank_on_machine(MPI: Any, comm: Any) -> Tuple[int, int]:
+    """This process's rank among the ranks of ``comm`` on its machine, and their number."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    rank, size = node.Get_rank(), node.Get_size()
+    node.Free()
+    return rank, size
+
+
+def _resolved_algorithm(algorithm: str, local_size: int, size: int) -> str:
+    """The scheme that ``algorithm`` names, ``"auto"`` resolved, for ``size`` ranks of which
+    ``local_size`` run on this machine."""
+    one_node = local_size == size
+    if algorithm == "shared_memory" and not one_node:
+        raise ValueError(f"algorithm='shared_memory' needs every rank on one machine, "
+                         f"but this rank's machine runs {local_size} of the {size} ranks")
+    if algorithm == "auto":
+        algorithm = "shared_memory" if one_node else "reduce_scatter"
+    return algorithm
+
+
+def _check_group(group: Any) -> None:
+    if group != "world":
+        raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
+                         f"supports), got {group!r}")
 
 
 class MPICommunicator:
@@ -157,28 +195,13 @@ class MPICommunicator:
         abort_on_exception = boolean("abort_on_exception", abort_on_exception)
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
-        if comm is None:
-            comm = MPI.COMM_WORLD
-        if not isinstance(comm, MPI.Comm):
-            raise TypeError(f"comm must be an mpi4py.MPI.Comm or None, got "
-                            f"{type(comm).__name__}: {comm!r}")
-        if comm == MPI.COMM_NULL:
-            raise ValueError("comm must be a valid communicator, got MPI.COMM_NULL")
+        comm = _checked_comm(MPI, comm)
         self._MPI = MPI
         self._comm = comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank)
-        self._local_rank = node.Get_rank()
-        self._local_size = node.Get_size()
-        node.Free()
-        one_node = self._local_size == self._size
-        if algorithm == "shared_memory" and not one_node:
-            raise ValueError(f"algorithm='shared_memory' needs every rank on one machine, "
-                             f"but this rank's machine runs {self._local_size} of the "
-                             f"{self._size} ranks")
-        if algorithm == "auto":
-            algorithm = "shared_memory" if one_node else "reduce_scatter"
+        self._local_rank, self._local_size = _rank_on_machine(MPI, comm)
+        algorithm = _resolved_algorithm(algorithm, self._local_size, self._size)
         self._algorithm = algorithm
         self._shm = self._messages = None
         if algorithm != "shared_memory":
@@ -264,7 +287,7 @@ class MPICommunicator:
         arrays = _as_ndarray_list(data)
         division = boolean("division", division)
         boolean("inplace", inplace)
-        self._check_group(group)
+        _check_group(group)
         self.n_all_reduce_calls += 1
         if self._size == 1:
             return  # the sum over one rank is the array itself, and so is the average
@@ -307,7 +330,7 @@ class MPICommunicator:
         arrays = _as_ndarray_list(data)
         self._check_src(src)
         boolean("inplace", inplace)
-        self._check_group(group)
+        _check_group(group)
         self.n_bcast_calls += 1
         self._bcast_arrays(arrays, src, names=None)
 
@@ -432,9 +455,3 @@ class MPICommunicator:
             raise TypeError(f"src must be an int, got {type(src).__name__}: {src!r}")
         if not 0 <= src < self._size:
             raise ValueError(f"src must be a rank in [0, {self._size - 1}], got {src}")
-
-    @staticmethod
-    def _check_group(group: Any) -> None:
-        if group != "world":
-            raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
-                             f"supports), got {group!r}")
