@@ -3,13 +3,16 @@ waiting in a collective forever.
 
 :func:`install_excepthook` sets, once per process, a :data:`sys.excepthook` that prints
 the traceback as usual and then aborts the job through the communicator it was given;
-:func:`hard_abort` calls ``MPI_Abort`` and makes sure the calling rank never runs on.
-:class:`nnabla_mpt.MPICommunicator` uses both (``abort_on_exception=`` and ``abort()``).
+:func:`abort_job` aborts it on request. Both end in :func:`hard_abort`, which calls
+``MPI_Abort`` and makes sure the calling rank never runs on.
+:class:`nnabla_mpt.MPICommunicator` uses them for ``abort_on_exception=`` and ``abort()``.
 """
 import os
 import sys
 import time
 from typing import Any
+
+import numpy as np
 
 from nnabla.logger import logger
 
@@ -47,6 +50,17 @@ def _abort_excepthook(exc_type, exc, tb):
         logger.error("rank %d of %d raised %s; aborting the MPI job (error code 1)",
                      comm.rank, comm.size, exc_type.__name__)
         hard_abort(comm.comm, 1)
+
+
+def abort_job(comm: Any, errorcode: Any) -> None:
+    """End every process of the job of ``comm`` (an ``MPICommunicator``) with ``errorcode``,
+    logging that this rank asked for it; never returns."""
+    if not isinstance(errorcode, (int, np.integer)) or isinstance(errorcode, bool):
+        raise TypeError(f"errorcode must be an int, got {type(errorcode).__name__}: "
+                        f"{errorcode!r}")
+    logger.error("rank %d of %d aborts the MPI job (error code %d)", comm.rank, comm.size,
+                 int(errorcode))
+    hard_abort(comm.comm, int(errorcode))
 
 
 def hard_abort(mpi_comm: Any, errorcode: int) -> None:

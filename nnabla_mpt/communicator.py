@@ -9,12 +9,11 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 import numpy as np
 
 import nnabla as nn
-from nnabla.logger import logger
 
 from . import _fused, broadcast, shared_grads
 from ._hostarray import dtype_of
 from ._validate import boolean
-from .abort import hard_abort, install_excepthook
+from .abort import abort_job, install_excepthook
 from .shared_grads import SharedGradients
 
 __all__ = ["MPICommunicator", "SharedGradients"]
@@ -429,12 +428,7 @@ class MPICommunicator:
         Args:
             errorcode: Exit status requested from the launcher.
         """
-        if not isinstance(errorcode, (int, np.integer)) or isinstance(errorcode, bool):
-            raise TypeError(f"errorcode must be an int, got {type(errorcode).__name__}: "
-                            f"{errorcode!r}")
-        logger.error("rank %d of %d aborts the MPI job (error code %d)", self._rank, self._size,
-                     int(errorcode))
-        hard_abort(self._comm, int(errorcode))
+        abort_job(self, errorcode)
 
     # ------------------------------------------------------------------ internals
     def _bcast_arrays(self, arrays: List["nn.NdArray"], src: int,
