@@ -195,7 +195,6 @@ class MPICommunicator:
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
         comm = _checked_comm(MPI, comm)
-        self._MPI = MPI
         self._comm = comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
@@ -413,7 +412,8 @@ class MPICommunicator:
         would kill the processes with ``SIGBUS`` at the first write instead of raising.
         The ranks agree on the answer (one collective), so that they all decide alike.
         """
-        return shared_grads.shortfall(variables, self._local_size, self._on_every_rank)
+        self.n_collectives += 1  # the ranks' agreement on the answer
+        return shared_grads.shortfall(variables, self._comm, self._local_size)
 
     def barrier(self) -> None:
         """Block until every rank has reached this call."""
@@ -438,11 +438,6 @@ class MPICommunicator:
         if self._size > 1:
             self.n_collectives += 1
             broadcast.transfer(self._comm, arrays, src, dtypes, self._host_ctx)
-
-    def _on_every_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on every rank (one collective)."""
-        self.n_collectives += 1
-        return bool(self._comm.allreduce(1 if flag else 0, op=self._MPI.MIN))
 
     def _check_src(self, src: Any) -> None:
         if not isinstance(src, (int, np.integer)) or isinstance(src, bool):

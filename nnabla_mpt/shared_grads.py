@@ -8,7 +8,7 @@ shared memory, where a full ``/dev/shm`` would otherwise kill the processes with
 all-reduce in them.
 """
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -47,19 +47,19 @@ def parameter_variables(params: Union[Dict[str, Any], Sequence[Any]]) -> List["n
     return [v for _, v in items]
 
 
-def shortfall(variables: Sequence["nn.Variable"], local_size: int,
-              on_every_rank: Callable[[bool], bool]) -> str:
-    """Why the gradients of ``variables`` would not fit in the shared memory of this
-    machine's ``local_size`` ranks, or ``""`` if they fit (or the free space cannot be read).
-
-    ``on_every_rank(fits)`` tells whether ``fits`` is true on every rank (a collective), so
-    that the ranks all decide alike.
+def shortfall(variables: Sequence["nn.Variable"], mpi_comm: Any, local_size: int) -> str:
+    """Why the gradients of ``variables`` would not fit in the shared memory of the
+    ``local_size`` ranks of this machine, or ``""`` if they fit (or the free space cannot
+    be read). The ranks of ``mpi_comm`` agree on the answer (one collective), so that they
+    all decide alike.
     """
+    from mpi4py import MPI
+
     per_rank = 4 * sum(_fused.padded(int(v.size)) for v in variables)
     needed = per_rank * local_size
     free = _shm_free_bytes()
     fits = free is None or needed <= free
-    if on_every_rank(fits):
+    if mpi_comm.allreduce(1 if fits else 0, op=MPI.MIN):
         return ""
     if fits:
         return (f"another rank found too little free space in {_SHM_DIR} for the "
