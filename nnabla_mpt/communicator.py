@@ -87,6 +87,13 @@ def _resolved_algorithm(algorithm: str, local_size: int, size: int) -> str:
     return algorithm
 
 
+def _check_src(src: Any, size: int) -> None:
+    if not isinstance(src, (int, np.integer)) or isinstance(src, bool):
+        raise TypeError(f"src must be an int, got {type(src).__name__}: {src!r}")
+    if not 0 <= src < size:
+        raise ValueError(f"src must be a rank in [0, {size - 1}], got {src}")
+
+
 def _check_group(group: Any) -> None:
     if group != "world":
         raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
@@ -326,10 +333,9 @@ class MPICommunicator:
                 between ranks.
         """
         arrays = _as_ndarray_list(data)
-        self._check_src(src)
+        _check_src(src, self._size)
         boolean("inplace", inplace)
         _check_group(group)
-        self.n_bcast_calls += 1
         self._bcast_arrays(arrays, src, names=None)
 
     def broadcast_parameters(self, params: Union[Dict[str, Any], Sequence[Any]],
@@ -350,9 +356,8 @@ class MPICommunicator:
             ValueError: ``src`` is out of range, ``params`` is empty, or names or shapes
                 differ between ranks.
         """
-        self._check_src(src)
+        _check_src(src, self._size)
         names, arrays = broadcast.parameter_arrays(params)
-        self.n_bcast_calls += 1
         self._bcast_arrays(arrays, src, names=names)
 
     def share_grads(self, params: Union[Dict[str, Any], Sequence[Any]]) -> "SharedGradients":
@@ -433,14 +438,9 @@ class MPICommunicator:
     # ------------------------------------------------------------------ internals
     def _bcast_arrays(self, arrays: List["nn.NdArray"], src: int,
                       names: Optional[List[str]]) -> None:
+        self.n_bcast_calls += 1
         self.n_collectives += 1
         dtypes = broadcast.sender_dtypes(self._comm, arrays, src, names)
         if self._size > 1:
             self.n_collectives += 1
             broadcast.transfer(self._comm, arrays, src, dtypes, self._host_ctx)
-
-    def _check_src(self, src: Any) -> None:
-        if not isinstance(src, (int, np.integer)) or isinstance(src, bool):
-            raise TypeError(f"src must be an int, got {type(src).__name__}: {src!r}")
-        if not 0 <= src < self._size:
-            raise ValueError(f"src must be a rank in [0, {self._size - 1}], got {src}")
