@@ -109,70 +109,26 @@ class MPICommunicator:
     :meth:`abort`, plus :meth:`broadcast_parameters` to start every rank from rank 0's
     parameters. It can therefore be passed as ``comm`` to the loss-scaling updaters.
 
-    **Fused reduction.** All arrays of one :meth:`all_reduce` call are reduced together,
-    as one buffer laid end to end, with a fixed number of collectives, not one collective
-    per array. Gradients placed in shared memory by :meth:`share_grads` (as the updaters
-    do on float32 graphs) are summed where they are, without copies. On two ranks of one
-    machine (``benchmarks/README.md``) a fused call on such gradients measured 5.7–6.7×
-    faster than one call per array of ordinary gradients for 50 arrays (3.5–4.6× against
-    one call per array of the shared ones) and 2.1–2.9× faster than a raw in-place
-    ``MPI_Allreduce`` per array, which copies nothing and guarantees neither float32 sums
-    nor identical bits. On ordinary gradients (copies in and out) the fused call takes
-    about as long as that raw MPI loop.
-
-    **Reduction dtype.** The buffer is float32 even when the arrays are float16, so a
-    sum of float16 gradients does not overflow merely because it is a sum (two ranks
-    holding 40000 each give 80000, which float16 cannot hold, while their average can).
-    The result (divided by :attr:`size` first if ``division=True``) is cast back to each
-    array's own dtype at the end; a float16 array whose final value exceeds 65504 becomes
-    ``inf``, which an overflow check then sees. If any array is float64 (or an integer
-    type wider than 16 bits) the buffer is float64.
-
-    **Bitwise agreement.** A loss-scaling updater decides "skip or update" from the
-    reduced gradients, so ranks whose results differ in the last bit can take different
-    branches and diverge or hang. Floating-point addition is not associative, and with
-    more than two ranks an ``MPI_Allreduce`` algorithm may combine the contributions in
-    a different order on different ranks; the MPI standard asks for identical results,
-    but not every implementation and algorithm has delivered them (MPICH's
-    recursive-exchange all-reduce did not until 2023, pmodels/mpich#6538). This class
-    does not rely on it: every scheme below computes every element of the result exactly
-    once, on one rank, and then only copies it:
-
-    * ``algorithm="shared_memory"`` (chosen by the default ``"auto"`` when all ranks run
-      on one machine): the ranks share an MPI shared-memory window. Each rank copies its
-      arrays (converted to the reduction dtype) into its own area of the window; after a
-      barrier, rank ``i`` sums block ``i`` over all ranks' areas in rank order
-      (``x0 + x1 + ...``) into a shared result area; after a second barrier every rank
-      copies the result into its arrays. Arrays that :meth:`share_grads` placed in a
-      window of their own skip the copies: rank ``i`` sums block ``i`` over the ranks'
-      copies of them and writes the sum into every copy, between the same two barriers
-      (whatever the size); if some rank passes arrays that are not in place, every rank
-      copies for that call. No data travels in MPI messages, and a call
-      costs two barriers per 2 MiB of buffer (the window holds one such area per rank
-      plus one; with more than 23 ranks the areas shrink to keep the window near 48
-      MiB, allocated by the constructor and held until the program ends). The ranks also
-      compare the number of arrays and of elements they passed, and raise the same
-      :class:`ValueError` on every rank if these differ.
-    * ``algorithm="reduce_scatter"`` (chosen by ``"auto"`` across machines): the arrays
-      are copied into one contiguous buffer; ``Reduce_scatter_block`` leaves block ``i``
-      of the sum on rank ``i`` only, then ``Allgather`` copies the blocks to all ranks,
-      and the result is copied back. Its traffic is that of a ring all-reduce.
-    * ``algorithm="reduce_bcast"``: the same buffer, ``Reduce`` to rank 0, then
-      ``Bcast``.
-
-    **Aborting on errors.** A rank that raises while the others wait in a collective
-    would leave the job hanging forever. With ``abort_on_exception=True`` (the default)
-    the constructor installs a :data:`sys.excepthook` that prints the traceback as usual
-    and then calls ``MPI_Abort``, so the launcher kills every rank and the job exits
-    with a non-zero status. ``sys.exit(code)`` is not reported through that hook: a rank
-    that must stop alone should call :meth:`abort` instead.
+    :meth:`all_reduce` reduces all the arrays of a call together, as one buffer, with a
+    fixed number of collectives, and gradients that :meth:`share_grads` placed in shared
+    memory (as the updaters do on float32 graphs) are summed where they are, without
+    copies. The sum is taken in float32 also for float16 arrays (in float64 if an array
+    needs it), and it is bitwise identical on every rank, so that all ranks take the same
+    skip-or-update decision: each scheme of ``algorithm`` computes every element of the
+    sum once, on one rank, and then only copies it. The schemes, the reduction dtype,
+    the aborting and the measured speed-ups are described in :doc:`distributed`.
 
     Args:
         comm: An ``mpi4py.MPI.Comm``; ``None`` means ``MPI.COMM_WORLD``.
-        abort_on_exception: Install the exception hook described above.
-        algorithm: ``"auto"`` (default), ``"shared_memory"``, ``"reduce_scatter"`` or
-            ``"reduce_bcast"``, see above. ``"shared_memory"`` requires every rank on one
-            machine.
+        abort_on_exception: Install a :data:`sys.excepthook` that prints the traceback as
+            usual and then calls ``MPI_Abort``, so that a rank that raises while the
+            others wait in a collective ends the job (with a non-zero status) instead of
+            leaving it hanging. ``sys.exit(code)`` does not pass through that hook: a rank
+            that must stop alone should call :meth:`abort`.
+        algorithm: ``"auto"`` (default: ``"shared_memory"`` when all ranks run on one
+            machine, else ``"reduce_scatter"``), ``"shared_memory"`` (requires every rank
+            on one machine; the constructor allocates its window, held until the program
+            ends), ``"reduce_scatter"`` or ``"reduce_bcast"``.
 
     Attributes:
         n_all_reduce_calls (int): Number of :meth:`all_reduce` calls so far.
@@ -269,9 +225,10 @@ class MPICommunicator:
                    group: str = "world") -> None:
         """Sum arrays over all ranks, in place, all arrays reduced together.
 
-        Every array is read in its own dtype, summed in float32 (float64 if needed, see
-        the class docstring), optionally divided by :attr:`size`, and written back in its
-        own dtype. The result is bitwise identical on every rank.
+        Every array is read in its own dtype, summed in float32 (in float64 if an array is
+        float64 or of an integer type wider than 16 bits), optionally divided by
+        :attr:`size`, and written back in its own dtype (where a float16 value beyond 65504
+        becomes ``inf``). The result is bitwise identical on every rank.
 
         Args:
             data: One :class:`nnabla.NdArray` or a list of them (for example the ``.grad``
@@ -373,11 +330,8 @@ class MPICommunicator:
         path. It is what the loss-scaling updaters do with this communicator on float32
         graphs (``shared_grads=``).
 
-        Zero the gradients with :meth:`SharedGradients.zero`, not ``solver.zero_grad()``:
-        nnabla implements ``zero_grad`` by dropping the arrays' memory, so the gradients
-        would leave the shared memory (correct, but reduced by copying again until the
-        next :meth:`SharedGradients.zero` puts them back). The same holds for a gradient
-        nnabla writes in another dtype (float16 graphs): it is reduced by copying.
+        Zero the gradients with :meth:`SharedGradients.zero`, not ``solver.zero_grad()``,
+        which takes them out of the shared memory (see :class:`SharedGradients`).
 
         Collective: every rank calls it with the same shapes, in the same order relative
         to its other calls. The window (the gradients' size, in float32, per rank, in the

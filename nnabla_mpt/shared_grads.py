@@ -120,6 +120,12 @@ class GradientWindows:
 class SharedGradients:
     """Gradients placed in shared memory by :meth:`MPICommunicator.share_grads`.
 
+    Zero the gradients with :meth:`zero`, not ``solver.zero_grad()``: nnabla implements
+    ``zero_grad`` by dropping the arrays' memory, so the gradients would leave the shared
+    memory (correct, but reduced by copying again until the next :meth:`zero` puts them
+    back). The same holds for a gradient nnabla writes in another dtype (float16 graphs):
+    it is reduced by copying.
+
     Attributes:
         variables: The parameters, in the order given.
         arrays: Their gradient arrays (the current ``.grad`` of each; :meth:`zero` renews
