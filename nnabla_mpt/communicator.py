@@ -3,6 +3,12 @@ that data-parallel training uses.
 
 ``mpi4py`` is imported only when an :class:`MPICommunicator` is constructed, so
 ``import nnabla_mpt`` never initialises MPI.
+
+The class checks arguments, counts and dispatches; the work is done in modules named
+after it: ``_fused`` (the fused buffer of an all-reduce and its two reductions, through
+shared memory or through MPI collectives), ``broadcast`` (bcast and
+broadcast_parameters), ``shared_grads`` (share_grads and the free-space check) and
+``abort`` (the exception hook and ``MPI_Abort``).
 """
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
