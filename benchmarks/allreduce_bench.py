@@ -41,9 +41,12 @@ import numpy as np
 
 import nnabla as nn
 from mpi4py import MPI
+from nnabla.ext_utils import get_extension_context
 
 from _machine import cpu_model
 from nnabla_mpt import MPICommunicator
+from nnabla_mpt._fused import MessageReduction
+from nnabla_mpt._hostarray import host_view
 
 
 def layouts():
@@ -68,12 +71,19 @@ def layouts():
     return out
 
 
-class PlainAllreduceCommunicator(MPICommunicator):
-    """The fused all-reduce with a plain in-place MPI_Allreduce (for comparison only)."""
+class PlainAllreduce(MessageReduction):
+    """The copying fused all-reduce with a plain in-place MPI_Allreduce (for comparison only)."""
 
-    def _reduce(self, buf):
+    def reduce(self, buf):
         self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        self.n_collectives += 1
+
+
+def plain_allreduce_communicator():
+    """A communicator whose fused all-reduce copies as reduce-scatter does, then sums the
+    buffer with one plain MPI_Allreduce."""
+    comm = MPICommunicator(algorithm="reduce_scatter")
+    comm._messages = PlainAllreduce(MPI, comm.comm, "reduce_scatter")
+    return comm
 
 
 def shared_grads(comm, grads):
@@ -128,7 +138,7 @@ def main():
     comm = MPICommunicator()
     reduce_scatter = MPICommunicator(algorithm="reduce_scatter")
     reduce_bcast = MPICommunicator(algorithm="reduce_bcast")
-    plain = PlainAllreduceCommunicator(algorithm="reduce_scatter")
+    plain = plain_allreduce_communicator()
     rank, size = comm.rank, comm.size
 
     results = {}
@@ -139,7 +149,8 @@ def main():
         views = [g.get_data("rw") for g in grads]
         shared = shared_grads(comm, grads)
         # views of the shared gradients' memory, taken once, outside the timings
-        views += [comm._host_view(a, np.dtype(np.float32)) for a in shared.arrays]
+        cpu = get_extension_context("cpu")
+        views += [host_view(a, np.dtype(np.float32), cpu) for a in shared.arrays]
 
         def per_array_mpi(grads):
             for v in views[:len(grads)]:

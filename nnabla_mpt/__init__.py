@@ -22,7 +22,7 @@ _LAZY = {
     "OverflowReport": "report",
     "LossScaleCollapseError": "report",
     "MPICommunicator": "communicator",
-    "SharedGradients": "communicator",
+    "SharedGradients": "shared_grads",
     "LossScaleCallback": "monitoring",
     "LossScaleMonitor": "monitoring",
     "LossScaleStats": "monitoring",

@@ -3,68 +3,29 @@ that data-parallel training uses.
 
 ``mpi4py`` is imported only when an :class:`MPICommunicator` is constructed, so
 ``import nnabla_mpt`` never initialises MPI.
+
+The class checks arguments, counts and dispatches; the work is done in modules named
+after it: ``_fused`` (the fused buffer of an all-reduce and its two reductions, through
+shared memory or through MPI collectives), ``broadcast`` (bcast and
+broadcast_parameters), ``shared_grads`` (share_grads and the free-space check) and
+``abort`` (the exception hook and ``MPI_Abort``).
 """
-import ctypes
-import os
-import sys
-import time
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 import nnabla as nn
-from nnabla.logger import logger
 
-from . import _fused
+from . import _fused, broadcast, shared_grads
+from ._hostarray import dtype_of
+from ._validate import boolean
+from .abort import abort_job, install_excepthook
+from .shared_grads import SharedGradients
 
 __all__ = ["MPICommunicator", "SharedGradients"]
 
 Algorithm = Literal["auto", "shared_memory", "reduce_scatter", "reduce_bcast"]
 _ALGORITHMS = ("auto", "shared_memory", "reduce_scatter", "reduce_bcast")
-_ABORT_GRACE_SECONDS = 0.2
-
-# The communicator that the process-wide exception hook aborts; set by the first
-# MPICommunicator created with abort_on_exception=True.
-_abort_hook_comm = None
-
-
-def _abort_excepthook(exc_type, exc, tb):
-    """``sys.excepthook`` that reports the exception, then aborts the whole MPI job."""
-    previous = getattr(_abort_excepthook, "previous", sys.__excepthook__)
-    try:
-        previous(exc_type, exc, tb)
-    finally:
-        comm = _abort_hook_comm
-        if comm is None or comm.size == 1:  # nobody else can be left waiting
-            return
-        logger.error("rank %d of %d raised %s; aborting the MPI job (error code 1)",
-                     comm.rank, comm.size, exc_type.__name__)
-        _hard_abort(comm.comm, 1)
-
-
-def _hard_abort(mpi_comm: Any, errorcode: int) -> None:
-    """``MPI_Abort`` and never return.
-
-    Some MPI implementations (MPICH among them) return from ``MPI_Abort`` after asking the
-    launcher to kill the job; the calling rank must not run on meanwhile (for example into
-    a collective its peers never reach, or into writing a checkpoint), so it exits at once.
-    """
-    _flush_std_streams()
-    # Give the launcher a moment to forward what this rank just wrote (the traceback):
-    # the abort kills the processes that relay the output.
-    time.sleep(_ABORT_GRACE_SECONDS)
-    try:
-        mpi_comm.Abort(errorcode)
-    finally:
-        os._exit(errorcode)
-
-
-def _flush_std_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # a closed or replaced stream must not stop the abort
-            pass
 
 
 def _as_ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
@@ -90,19 +51,6 @@ def _as_ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
     return list(data)
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}: {value!r}")
-
-
-def _dtype_of(a: "nn.NdArray") -> np.dtype:
-    """The dtype an NdArray holds; float32 for one never written (nnabla reads it so)."""
-    try:
-        return np.dtype(a.dtype)
-    except RuntimeError:
-        return np.dtype(np.float32)
-
-
 def _reduction_dtype(dtypes: Sequence[np.dtype]) -> np.dtype:
     """float32 for float16/float32 (and small integer) arrays, float64 if any array needs it."""
     unique = set(dtypes)
@@ -111,6 +59,51 @@ def _reduction_dtype(dtypes: Sequence[np.dtype]) -> np.dtype:
             raise TypeError(f"data holds an array of dtype {dt}; only boolean, integer and "
                             f"floating arrays can be reduced")
     return np.dtype(np.result_type(np.float32, *unique))
+
+
+def _checked_comm(MPI: Any, comm: Any) -> Any:
+    """``comm``, or ``MPI.COMM_WORLD`` for None, once it is known to be a usable one."""
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py.MPI.Comm or None, got "
+                        f"{type(comm).__name__}: {comm!r}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm must be a valid communicator, got MPI.COMM_NULL")
+    return comm
+
+
+def _rank_on_machine(MPI: Any, comm: Any) -> Tuple[int, int]:
+    """This process's rank among the ranks of ``comm`` on its machine, and their number."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    rank, size = node.Get_rank(), node.Get_size()
+    node.Free()
+    return rank, size
+
+
+def _resolved_algorithm(algorithm: str, local_size: int, size: int) -> str:
+    """The scheme that ``algorithm`` names, ``"auto"`` resolved, for ``size`` ranks of which
+    ``local_size`` run on this machine."""
+    one_node = local_size == size
+    if algorithm == "shared_memory" and not one_node:
+        raise ValueError(f"algorithm='shared_memory' needs every rank on one machine, "
+                         f"but this rank's machine runs {local_size} of the {size} ranks")
+    if algorithm == "auto":
+        algorithm = "shared_memory" if one_node else "reduce_scatter"
+    return algorithm
+
+
+def _check_src(src: Any, size: int) -> None:
+    if not isinstance(src, (int, np.integer)) or isinstance(src, bool):
+        raise TypeError(f"src must be an int, got {type(src).__name__}: {src!r}")
+    if not 0 <= src < size:
+        raise ValueError(f"src must be a rank in [0, {size - 1}], got {src}")
+
+
+def _check_group(group: Any) -> None:
+    if group != "world":
+        raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
+                         f"supports), got {group!r}")
 
 
 class MPICommunicator:
@@ -122,70 +115,26 @@ class MPICommunicator:
     :meth:`abort`, plus :meth:`broadcast_parameters` to start every rank from rank 0's
     parameters. It can therefore be passed as ``comm`` to the loss-scaling updaters.
 
-    **Fused reduction.** All arrays of one :meth:`all_reduce` call are reduced together,
-    as one buffer laid end to end, with a fixed number of collectives, not one collective
-    per array. Gradients placed in shared memory by :meth:`share_grads` (as the updaters
-    do on float32 graphs) are summed where they are, without copies. On two ranks of one
-    machine (``benchmarks/README.md``) a fused call on such gradients measured 5.7–6.7×
-    faster than one call per array of ordinary gradients for 50 arrays (3.5–4.6× against
-    one call per array of the shared ones) and 2.1–2.9× faster than a raw in-place
-    ``MPI_Allreduce`` per array, which copies nothing and guarantees neither float32 sums
-    nor identical bits. On ordinary gradients (copies in and out) the fused call takes
-    about as long as that raw MPI loop.
-
-    **Reduction dtype.** The buffer is float32 even when the arrays are float16, so a
-    sum of float16 gradients does not overflow merely because it is a sum (two ranks
-    holding 40000 each give 80000, which float16 cannot hold, while their average can).
-    The result (divided by :attr:`size` first if ``division=True``) is cast back to each
-    array's own dtype at the end; a float16 array whose final value exceeds 65504 becomes
-    ``inf``, which an overflow check then sees. If any array is float64 (or an integer
-    type wider than 16 bits) the buffer is float64.
-
-    **Bitwise agreement.** A loss-scaling updater decides "skip or update" from the
-    reduced gradients, so ranks whose results differ in the last bit can take different
-    branches and diverge or hang. Floating-point addition is not associative, and with
-    more than two ranks an ``MPI_Allreduce`` algorithm may combine the contributions in
-    a different order on different ranks; the MPI standard asks for identical results,
-    but not every implementation and algorithm has delivered them (MPICH's
-    recursive-exchange all-reduce did not until 2023, pmodels/mpich#6538). This class
-    does not rely on it: every scheme below computes every element of the result exactly
-    once, on one rank, and then only copies it:
-
-    * ``algorithm="shared_memory"`` (chosen by the default ``"auto"`` when all ranks run
-      on one machine): the ranks share an MPI shared-memory window. Each rank copies its
-      arrays (converted to the reduction dtype) into its own area of the window; after a
-      barrier, rank ``i`` sums block ``i`` over all ranks' areas in rank order
-      (``x0 + x1 + ...``) into a shared result area; after a second barrier every rank
-      copies the result into its arrays. Arrays that :meth:`share_grads` placed in a
-      window of their own skip the copies: rank ``i`` sums block ``i`` over the ranks'
-      copies of them and writes the sum into every copy, between the same two barriers
-      (whatever the size); if some rank passes arrays that are not in place, every rank
-      copies for that call. No data travels in MPI messages, and a call
-      costs two barriers per 2 MiB of buffer (the window holds one such area per rank
-      plus one; with more than 23 ranks the areas shrink to keep the window near 48
-      MiB, allocated by the constructor and held until the program ends). The ranks also
-      compare the number of arrays and of elements they passed, and raise the same
-      :class:`ValueError` on every rank if these differ.
-    * ``algorithm="reduce_scatter"`` (chosen by ``"auto"`` across machines): the arrays
-      are copied into one contiguous buffer; ``Reduce_scatter_block`` leaves block ``i``
-      of the sum on rank ``i`` only, then ``Allgather`` copies the blocks to all ranks,
-      and the result is copied back. Its traffic is that of a ring all-reduce.
-    * ``algorithm="reduce_bcast"``: the same buffer, ``Reduce`` to rank 0, then
-      ``Bcast``.
-
-    **Aborting on errors.** A rank that raises while the others wait in a collective
-    would leave the job hanging forever. With ``abort_on_exception=True`` (the default)
-    the constructor installs a :data:`sys.excepthook` that prints the traceback as usual
-    and then calls ``MPI_Abort``, so the launcher kills every rank and the job exits
-    with a non-zero status. ``sys.exit(code)`` is not reported through that hook: a rank
-    that must stop alone should call :meth:`abort` instead.
+    :meth:`all_reduce` reduces all the arrays of a call together, as one buffer, with a
+    fixed number of collectives, and gradients that :meth:`share_grads` placed in shared
+    memory (as the updaters do on float32 graphs) are summed where they are, without
+    copies. The sum is taken in float32 also for float16 arrays (in float64 if an array
+    needs it), and it is bitwise identical on every rank, so that all ranks take the same
+    skip-or-update decision: each scheme of ``algorithm`` computes every element of the
+    sum once, on one rank, and then only copies it. The schemes, the reduction dtype,
+    the aborting and the measured speed-ups are described in :doc:`distributed`.
 
     Args:
         comm: An ``mpi4py.MPI.Comm``; ``None`` means ``MPI.COMM_WORLD``.
-        abort_on_exception: Install the exception hook described above.
-        algorithm: ``"auto"`` (default), ``"shared_memory"``, ``"reduce_scatter"`` or
-            ``"reduce_bcast"``, see above. ``"shared_memory"`` requires every rank on one
-            machine.
+        abort_on_exception: Install a :data:`sys.excepthook` that prints the traceback as
+            usual and then calls ``MPI_Abort``, so that a rank that raises while the
+            others wait in a collective ends the job (with a non-zero status) instead of
+            leaving it hanging. ``sys.exit(code)`` does not pass through that hook: a rank
+            that must stop alone should call :meth:`abort`.
+        algorithm: ``"auto"`` (default: ``"shared_memory"`` when all ranks run on one
+            machine, else ``"reduce_scatter"``), ``"shared_memory"`` (requires every rank
+            on one machine; the constructor allocates its window, held until the program
+            ends), ``"reduce_scatter"`` or ``"reduce_bcast"``.
 
     Attributes:
         n_all_reduce_calls (int): Number of :meth:`all_reduce` calls so far.
@@ -211,46 +160,29 @@ class MPICommunicator:
                  algorithm: Algorithm = "auto") -> None:
         from mpi4py import MPI  # imported here so that importing nnabla_mpt never starts MPI
 
-        _check_bool("abort_on_exception", abort_on_exception)
+        abort_on_exception = boolean("abort_on_exception", abort_on_exception)
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
-        if comm is None:
-            comm = MPI.COMM_WORLD
-        if not isinstance(comm, MPI.Comm):
-            raise TypeError(f"comm must be an mpi4py.MPI.Comm or None, got "
-                            f"{type(comm).__name__}: {comm!r}")
-        if comm == MPI.COMM_NULL:
-            raise ValueError("comm must be a valid communicator, got MPI.COMM_NULL")
-        self._MPI = MPI
+        comm = _checked_comm(MPI, comm)
         self._comm = comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank)
-        self._local_rank = node.Get_rank()
-        self._local_size = node.Get_size()
-        node.Free()
-        one_node = self._local_size == self._size
-        if algorithm == "shared_memory" and not one_node:
-            raise ValueError(f"algorithm='shared_memory' needs every rank on one machine, "
-                             f"but this rank's machine runs {self._local_size} of the "
-                             f"{self._size} ranks")
-        if algorithm == "auto":
-            algorithm = "shared_memory" if one_node else "reduce_scatter"
+        self._local_rank, self._local_size = _rank_on_machine(MPI, comm)
+        algorithm = _resolved_algorithm(algorithm, self._local_size, self._size)
         self._algorithm = algorithm
-        self._shm = None
-        if algorithm == "shared_memory" and self._size > 1:
+        self._shm = self._messages = None
+        if algorithm != "shared_memory":
+            self._messages = _fused.MessageReduction(MPI, comm, algorithm)
+        elif self._size > 1:
             self._shm = _fused.SharedMemoryReduction(MPI, comm)
-        self._shared: List[_fused.SharedArrays] = []
-        self._n_shared = 0
+        from nnabla.ext_utils import get_extension_context
+        self._host_ctx = get_extension_context("cpu")
+        self._windows = shared_grads.GradientWindows(MPI, comm, self._host_ctx)
         self.n_all_reduce_calls = 0
         self.n_bcast_calls = 0
         self.n_collectives = 0
-        from nnabla.ext_utils import get_extension_context
-        self._host_ctx = get_extension_context("cpu")
-        self._buffer = np.empty(0, np.float32)
-        self._block = np.empty(0, np.float32)
         if abort_on_exception:
-            self._install_abort_hook()
+            install_excepthook(self)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -299,9 +231,10 @@ class MPICommunicator:
                    group: str = "world") -> None:
         """Sum arrays over all ranks, in place, all arrays reduced together.
 
-        Every array is read in its own dtype, summed in float32 (float64 if needed, see
-        the class docstring), optionally divided by :attr:`size`, and written back in its
-        own dtype. The result is bitwise identical on every rank.
+        Every array is read in its own dtype, summed in float32 (in float64 if an array is
+        float64 or of an integer type wider than 16 bits), optionally divided by
+        :attr:`size`, and written back in its own dtype (where a float16 value beyond 65504
+        becomes ``inf``). The result is bitwise identical on every rank.
 
         Args:
             data: One :class:`nnabla.NdArray` or a list of them (for example the ``.grad``
@@ -320,40 +253,25 @@ class MPICommunicator:
                 arrays or of elements (raised on every rank).
         """
         arrays = _as_ndarray_list(data)
-        _check_bool("division", division)
-        _check_bool("inplace", inplace)
-        self._check_group(group)
+        division = boolean("division", division)
+        boolean("inplace", inplace)
+        _check_group(group)
         self.n_all_reduce_calls += 1
         if self._size == 1:
             return  # the sum over one rank is the array itself, and so is the average
 
-        dtypes = [_dtype_of(a) for a in arrays]
+        dtypes = [dtype_of(a) for a in arrays]
         lay = _fused.layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
-        if self._shm is not None:
-            place = None
-            for shared in self._shared:
-                place = shared.locate(lay)
-                if place is not None:
-                    break
-            before = self._shm.barriers
-            try:
-                self._shm.all_reduce(lay, len(arrays), division, place)
-            finally:
-                self.n_collectives += self._shm.barriers - before
+        if self._shm is None:
+            self._messages.all_reduce(lay, division)
+            self.n_collectives += 2  # Reduce_scatter_block + Allgather, or Reduce + Bcast
             return
-        total = lay.total
-        padded = -(-total // self._size) * self._size
-        buf = self._get_buffer(padded, lay.dtype)
-        buf_ptr = buf.ctypes.data
-        # each array is read in its own dtype; the copy converts to the buffer's
-        _fused.gather(lay, 0, total, buf, buf_ptr)
-        buf[total:] = 0
-
-        self._reduce(buf)
-        if division:
-            buf[:total] /= self._size
-
-        _fused.scatter(lay, 0, total, buf, buf_ptr)
+        place = self._windows.locate(lay)
+        before = self._shm.barriers
+        try:
+            self._shm.all_reduce(lay, len(arrays), division, place)
+        finally:
+            self.n_collectives += self._shm.barriers - before
 
     def bcast(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]], src: int = 0,
               inplace: bool = False, group: str = "world") -> None:
@@ -378,10 +296,9 @@ class MPICommunicator:
                 between ranks.
         """
         arrays = _as_ndarray_list(data)
-        self._check_src(src)
-        _check_bool("inplace", inplace)
-        self._check_group(group)
-        self.n_bcast_calls += 1
+        _check_src(src, self._size)
+        boolean("inplace", inplace)
+        _check_group(group)
         self._bcast_arrays(arrays, src, names=None)
 
     def broadcast_parameters(self, params: Union[Dict[str, Any], Sequence[Any]],
@@ -402,32 +319,8 @@ class MPICommunicator:
             ValueError: ``src`` is out of range, ``params`` is empty, or names or shapes
                 differ between ranks.
         """
-        self._check_src(src)
-        if isinstance(params, dict):
-            names = sorted(params)
-            for k in names:
-                if not isinstance(k, str):
-                    raise TypeError(f"params keys must be str, got {type(k).__name__}: {k!r}")
-            values = [params[k] for k in names]
-        elif isinstance(params, (list, tuple)):
-            names, values = None, list(params)
-        else:
-            raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
-                            f"Variables/NdArrays, got {type(params).__name__}: {params!r}")
-        if not values:
-            raise ValueError(f"params must contain at least one parameter, got an empty "
-                             f"{type(params).__name__}")
-        arrays = []
-        for i, v in enumerate(values):
-            if isinstance(v, nn.Variable):
-                arrays.append(v.data)
-            elif isinstance(v, nn.NdArray):
-                arrays.append(v)
-            else:
-                where = f"params[{names[i]!r}]" if names is not None else f"params[{i}]"
-                raise TypeError(f"{where} must be an nnabla.Variable or nnabla.NdArray, got "
-                                f"{type(v).__name__}")
-        self.n_bcast_calls += 1
+        _check_src(src, self._size)
+        names, arrays = broadcast.parameter_arrays(params)
         self._bcast_arrays(arrays, src, names=names)
 
     def share_grads(self, params: Union[Dict[str, Any], Sequence[Any]]) -> "SharedGradients":
@@ -443,11 +336,8 @@ class MPICommunicator:
         path. It is what the loss-scaling updaters do with this communicator on float32
         graphs (``shared_grads=``).
 
-        Zero the gradients with :meth:`SharedGradients.zero`, not ``solver.zero_grad()``:
-        nnabla implements ``zero_grad`` by dropping the arrays' memory, so the gradients
-        would leave the shared memory (correct, but reduced by copying again until the
-        next :meth:`SharedGradients.zero` puts them back). The same holds for a gradient
-        nnabla writes in another dtype (float16 graphs): it is reduced by copying.
+        Zero the gradients with :meth:`SharedGradients.zero`, not ``solver.zero_grad()``,
+        which takes them out of the shared memory (see :class:`SharedGradients`).
 
         Collective: every rank calls it with the same shapes, in the same order relative
         to its other calls. The window (the gradients' size, in float32, per rank, in the
@@ -467,33 +357,14 @@ class MPICommunicator:
             ValueError: ``params`` is empty or has a Variable twice, or this communicator
                 does not use ``algorithm="shared_memory"``.
         """
-        if isinstance(params, dict):
-            items = list(params.items())
-        elif isinstance(params, (list, tuple)):
-            items = list(enumerate(params))
-        else:
-            raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
-                            f"Variables, got {type(params).__name__}: {params!r}")
-        if not items:
-            raise ValueError(f"params must contain at least one parameter, got an empty "
-                             f"{type(params).__name__}")
-        seen = {}
-        for name, v in items:
-            if not isinstance(v, nn.Variable):
-                raise TypeError(f"params[{name!r}] must be an nnabla.Variable, got "
-                                f"{type(v).__name__}")
-            if id(v) in seen:
-                raise ValueError(f"params[{name!r}] is the same Variable as "
-                                 f"params[{seen[id(v)]!r}]")
-            seen[id(v)] = name
+        variables = shared_grads.parameter_variables(params)
         if self._algorithm != "shared_memory":
             raise ValueError(f"share_grads needs algorithm='shared_memory' (every rank on "
                              f"one machine); this communicator uses {self._algorithm!r}")
-        variables = [v for _, v in items]
         shortfall = self.shared_memory_shortfall(variables)
         if shortfall:
             raise ValueError(f"share_grads: {shortfall}")
-        shared = SharedGradients(self, variables)
+        shared = SharedGradients(variables, self._windows)
         self.n_collectives += 1  # the barrier after zeroing the window
         return shared
 
@@ -506,20 +377,8 @@ class MPICommunicator:
         would kill the processes with ``SIGBUS`` at the first write instead of raising.
         The ranks agree on the answer (one collective), so that they all decide alike.
         """
-        per_rank = 4 * sum(_fused.padded(int(v.size)) for v in variables)
-        needed = per_rank * self._local_size
-        free = _shm_free_bytes()
-        fits = free is None or needed <= free
-        self.n_collectives += 1
-        if self._comm.allreduce(1 if fits else 0, op=self._MPI.MIN):
-            return ""
-        if fits:
-            return (f"another rank found too little free space in {_SHM_DIR} for the "
-                    f"gradients ({_mib(needed)})")
-        return (f"the gradients need {_mib(needed)} of shared memory for the "
-                f"{self._local_size} rank(s) of this machine ({_mib(per_rank)} each), and "
-                f"{_SHM_DIR} has {_mib(free)} free; make room there (a container's "
-                f"--shm-size) or do not share the gradients")
+        self.n_collectives += 1  # the ranks' agreement on the answer
+        return shared_grads.shortfall(variables, self._comm, self._local_size)
 
     def barrier(self) -> None:
         """Block until every rank has reached this call."""
@@ -534,202 +393,14 @@ class MPICommunicator:
         Args:
             errorcode: Exit status requested from the launcher.
         """
-        if not isinstance(errorcode, (int, np.integer)) or isinstance(errorcode, bool):
-            raise TypeError(f"errorcode must be an int, got {type(errorcode).__name__}: "
-                            f"{errorcode!r}")
-        logger.error("rank %d of %d aborts the MPI job (error code %d)", self._rank, self._size,
-                     int(errorcode))
-        _hard_abort(self._comm, int(errorcode))
+        abort_job(self, errorcode)
 
     # ------------------------------------------------------------------ internals
-    def _reduce(self, buf: np.ndarray) -> None:
-        MPI = self._MPI
-        if self._algorithm == "reduce_scatter":
-            blk = self._get_block(buf.size // self._size, buf.dtype)
-            self._comm.Reduce_scatter_block(buf, blk, op=MPI.SUM)
-            self._comm.Allgather(blk, buf)
-        else:
-            if self._rank == 0:
-                self._comm.Reduce(MPI.IN_PLACE, buf, op=MPI.SUM, root=0)
-            else:
-                self._comm.Reduce(buf, None, op=MPI.SUM, root=0)
-            self._comm.Bcast(buf, root=0)
-        self.n_collectives += 2
-
     def _bcast_arrays(self, arrays: List["nn.NdArray"], src: int,
                       names: Optional[List[str]]) -> None:
-        shapes = [tuple(a.shape) for a in arrays]
-        dtypes = [_dtype_of(a).str for a in arrays] if self._rank == src else None
-        signatures = self._comm.allgather((names, shapes, dtypes))
+        self.n_bcast_calls += 1
         self.n_collectives += 1
-        src_names, src_shapes, src_dtypes = signatures[src]
-        for r, (r_names, r_shapes, _) in enumerate(signatures):
-            problem = _signature_mismatch(src_names, src_shapes, r_names, r_shapes)
-            if problem:
-                raise ValueError(f"cannot broadcast from rank {src}: rank {r} {problem}")
-        if self._size == 1:
-            return
-        nbytes = [int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
-                  for s, d in zip(src_shapes, src_dtypes)]
-        buf = np.empty(int(sum(nbytes)), np.uint8)
-        if self._rank == src:
-            off = 0
-            for a, d, n in zip(arrays, src_dtypes, nbytes):
-                buf[off:off + n] = self._host_view(a, np.dtype(d)).view(np.uint8)
-                off += n
-        self._comm.Bcast(buf, root=src)
-        self.n_collectives += 1
-        if self._rank == src:
-            return
-        off = 0
-        for a, d, n in zip(arrays, src_dtypes, nbytes):
-            out = self._host_view(a, np.dtype(d), write_only=True)
-            out.view(np.uint8)[:] = buf[off:off + n]
-            off += n
-
-    def _host_view(self, a: "nn.NdArray", dtype: np.dtype,
-                   write_only: bool = False) -> np.ndarray:
-        """A flat numpy view of ``a``'s host memory in ``dtype``.
-
-        Goes through ``NdArray.data_ptr``, which (like ``NdArray.cast``) makes the array in
-        ``dtype`` the only valid copy, so writes through the view are what nnabla reads
-        next. ``NdArray.get_data`` does the same but costs some 40 microseconds per call,
-        which for a model with 200 parameter arrays exceeds the reduction itself.
-        The view is valid until nnabla next touches the array, so it is used at once.
-        """
-        if a.size == 0:
-            return np.empty(0, dtype)
-        ptr = a.data_ptr(dtype, self._host_ctx, write_only)
-        return np.frombuffer((ctypes.c_char * (a.size * dtype.itemsize)).from_address(ptr),
-                             dtype=dtype)
-
-    def _get_buffer(self, n: int, dtype: np.dtype) -> np.ndarray:
-        if self._buffer.dtype != dtype or self._buffer.size < n:
-            self._buffer = np.empty(n, dtype)
-        return self._buffer[:n]
-
-    def _get_block(self, n: int, dtype: np.dtype) -> np.ndarray:
-        if self._block.dtype != dtype or self._block.size < n:
-            self._block = np.empty(n, dtype)
-        return self._block[:n]
-
-    def _check_src(self, src: Any) -> None:
-        if not isinstance(src, (int, np.integer)) or isinstance(src, bool):
-            raise TypeError(f"src must be an int, got {type(src).__name__}: {src!r}")
-        if not 0 <= src < self._size:
-            raise ValueError(f"src must be a rank in [0, {self._size - 1}], got {src}")
-
-    @staticmethod
-    def _check_group(group: Any) -> None:
-        if group != "world":
-            raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
-                             f"supports), got {group!r}")
-
-    def _install_abort_hook(self) -> None:
-        global _abort_hook_comm
-        if _abort_hook_comm is not None:
-            return
-        _abort_hook_comm = self
-        if sys.excepthook is not _abort_excepthook:
-            _abort_excepthook.previous = sys.excepthook
-            sys.excepthook = _abort_excepthook
-
-
-class SharedGradients:
-    """Gradients placed in shared memory by :meth:`MPICommunicator.share_grads`.
-
-    Attributes:
-        variables: The parameters, in the order given.
-        arrays: Their gradient arrays (the current ``.grad`` of each; :meth:`zero` renews
-            an entry whose gradient had to be put back), the list to pass to
-            :meth:`MPICommunicator.all_reduce`. Parameters with no elements keep
-            gradients of their own.
-        n_replaced (int): How many times :meth:`zero` found a gradient outside the shared
-            memory and put it back.
-    """
-
-    # After this many calls of zero() in a row that had to put a gradient back, one
-    # warning says that the gradients keep leaving the shared memory.
-    _WARN_AFTER = 3
-
-    def __init__(self, comm: MPICommunicator, variables: List["nn.Variable"]) -> None:
-        self.variables = list(variables)
-        self._placed = [i for i, v in enumerate(self.variables) if v.size > 0]
-        self._empty = [v for v in self.variables if v.size == 0]
-        comm._n_shared += 1
-        self._region = _fused.SharedArrays(comm._MPI, comm.comm,
-                                           [self.variables[i].shape for i in self._placed],
-                                           comm._n_shared, comm._host_ctx)
-        comm._shared.append(self._region)
-        for k, i in enumerate(self._placed):
-            v = self.variables[i]
-            current = np.array(v.g, dtype=np.float32)  # kept
-            v.grad = self._region.arrays[k]
-            self._region.view(k)[...] = current.reshape(-1)
-        self.arrays = [v.grad for v in self.variables]
-        self.n_replaced = 0
-        self._streak = 0
-        self._warned = False
-
-    def zero(self) -> None:
-        """Set every gradient to zero, in place in the shared memory.
-
-        A gradient found elsewhere (after ``solver.zero_grad()``, an assignment to
-        ``.grad`` or a float16 backward pass) is put back first: its parameter's
-        ``.grad`` becomes a new array over its place (and :attr:`arrays` is renewed).
-        """
-        region, variables, arrays = self._region, self.variables, self.arrays
-        replaced = False
-        for k, i in enumerate(self._placed):
-            v = variables[i]
-            if not region.in_place(k, v.grad):
-                v.grad = region.fresh(k)
-                arrays[i] = v.grad
-                replaced = True
-        region.mine[:] = 0
-        for v in self._empty:
-            v.grad.zero()
-        if replaced:
-            self.n_replaced += 1
-            self._streak += 1
-            if self._streak >= self._WARN_AFTER and not self._warned:
-                self._warned = True
-                logger.warning(
-                    f"nnabla_mpt: the gradients in shared memory were found elsewhere at "
-                    f"{self._streak} zero() calls in a row (solver.zero_grad(), float16 "
-                    f"gradients?); they are reduced by copying meanwhile. Zero them with "
-                    f"SharedGradients.zero(), or do not share them")
-        else:
-            self._streak = 0
-
-
-_SHM_DIR = "/dev/shm"
-
-
-def _shm_free_bytes() -> Optional[int]:
-    """Free bytes in the shared-memory file system, or None if it cannot be read."""
-    try:
-        st = os.statvfs(_SHM_DIR)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2 ** 20:,.1f} MiB"
-
-
-def _signature_mismatch(src_names: Optional[List[str]], src_shapes: List[Tuple[int, ...]],
-                        names: Optional[List[str]], shapes: List[Tuple[int, ...]]) -> str:
-    """Describe how one rank's arrays differ from the sender's, or return ''."""
-    if src_names is not None and names != src_names:
-        missing = sorted(set(src_names) - set(names or []))
-        extra = sorted(set(names or []) - set(src_names))
-        return f"has different parameter names (missing {missing}, extra {extra})"
-    if len(shapes) != len(src_shapes):
-        return f"passed {len(shapes)} arrays, the sender {len(src_shapes)}"
-    for i, (s, t) in enumerate(zip(shapes, src_shapes)):
-        if s != t:
-            label = repr(src_names[i]) if src_names is not None else str(i)
-            return f"has shape {s} for array {label}, the sender {t}"
-    return ""
+        dtypes = broadcast.sender_dtypes(self._comm, arrays, src, names)
+        if self._size > 1:
+            self.n_collectives += 1
+            broadcast.transfer(self._comm, arrays, src, dtypes, self._host_ctx)

@@ -237,8 +237,10 @@ def test_single_process_reduce_and_bcast(solo):
     (lambda c, a: c.all_reduce("grads"), TypeError,
      "data must be an nnabla.NdArray or a list of them, got str: 'grads'"),
     (lambda c, a: c.all_reduce([]), ValueError, "data must contain at least one nnabla.NdArray"),
-    (lambda c, a: c.all_reduce(a, division=1), TypeError, "division must be a bool, got int: 1"),
-    (lambda c, a: c.all_reduce(a, inplace="yes"), TypeError, "inplace must be a bool, got str"),
+    (lambda c, a: c.all_reduce(a, division=1), TypeError,
+     "division must be True or False, got 1 of type int"),
+    (lambda c, a: c.all_reduce(a, inplace="yes"), TypeError,
+     "inplace must be True or False, got 'yes' of type str"),
     (lambda c, a: c.all_reduce(a, group="node0"), ValueError, "group must be 'world'"),
     (lambda c, a: c.bcast([a], src=1), ValueError, "src must be a rank in [0, 0], got 1"),
     (lambda c, a: c.bcast([a], src=-1), ValueError, "src must be a rank in [0, 0], got -1"),
@@ -272,7 +274,8 @@ def test_constructor_validation():
         MPICommunicator(algorithm="ring", abort_on_exception=False)
     with pytest.raises(TypeError, match="comm must be an mpi4py.MPI.Comm or None, got int: 7"):
         MPICommunicator(7, abort_on_exception=False)
-    with pytest.raises(TypeError, match="abort_on_exception must be a bool, got str"):
+    with pytest.raises(TypeError, match="abort_on_exception must be True or False, got 'no' "
+                                        "of type str"):
         MPICommunicator(abort_on_exception="no")
 
 

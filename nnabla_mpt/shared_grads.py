@@ -1,0 +1,189 @@
+"""Gradients in memory shared by the ranks of one machine, made by
+:meth:`nnabla_mpt.MPICommunicator.share_grads`.
+
+:class:`SharedGradients` places the parameters' gradients in a shared-memory window and
+keeps them there; :func:`shortfall` checks first that the window fits in the machine's
+shared memory, where a full ``/dev/shm`` would otherwise kill the processes with ``SIGBUS``.
+:class:`GradientWindows` holds a communicator's windows and finds the arrays of an
+all-reduce in them.
+"""
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+import nnabla as nn
+from nnabla.logger import logger
+
+from . import _fused
+
+__all__ = ["SharedGradients"]
+
+_SHM_DIR = "/dev/shm"
+
+
+def parameter_variables(params: Union[Dict[str, Any], Sequence[Any]]) -> List["nn.Variable"]:
+    """The Variables of ``params`` (a dict of name to Variable, or a list), in order, after
+    checking that there is at least one and that none is there twice."""
+    if isinstance(params, dict):
+        items = list(params.items())
+    elif isinstance(params, (list, tuple)):
+        items = list(enumerate(params))
+    else:
+        raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
+                        f"Variables, got {type(params).__name__}: {params!r}")
+    if not items:
+        raise ValueError(f"params must contain at least one parameter, got an empty "
+                         f"{type(params).__name__}")
+    seen = {}
+    for name, v in items:
+        if not isinstance(v, nn.Variable):
+            raise TypeError(f"params[{name!r}] must be an nnabla.Variable, got "
+                            f"{type(v).__name__}")
+        if id(v) in seen:
+            raise ValueError(f"params[{name!r}] is the same Variable as "
+                             f"params[{seen[id(v)]!r}]")
+        seen[id(v)] = name
+    return [v for _, v in items]
+
+
+def shortfall(variables: Sequence["nn.Variable"], mpi_comm: Any, local_size: int) -> str:
+    """Why the gradients of ``variables`` would not fit in the shared memory of the
+    ``local_size`` ranks of this machine, or ``""`` if they fit (or the free space cannot
+    be read). The ranks of ``mpi_comm`` agree on the answer (one collective), so that they
+    all decide alike.
+    """
+    from mpi4py import MPI
+
+    per_rank = 4 * sum(_fused.padded(int(v.size)) for v in variables)
+    needed = per_rank * local_size
+    free = _shm_free_bytes()
+    fits = free is None or needed <= free
+    if mpi_comm.allreduce(1 if fits else 0, op=MPI.MIN):
+        return ""
+    if fits:
+        return (f"another rank found too little free space in {_SHM_DIR} for the "
+                f"gradients ({_mib(needed)})")
+    return (f"the gradients need {_mib(needed)} of shared memory for the "
+            f"{local_size} rank(s) of this machine ({_mib(per_rank)} each), and "
+            f"{_SHM_DIR} has {_mib(free)} free; make room there (a container's "
+            f"--shm-size) or do not share the gradients")
+
+
+def _shm_free_bytes() -> Optional[int]:
+    """Free bytes in the shared-memory file system, or None if it cannot be read."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:,.1f} MiB"
+
+
+class GradientWindows:
+    """The shared-memory windows of one communicator's :class:`SharedGradients`.
+
+    Each :meth:`MPICommunicator.share_grads` call allocates one; the communicator's
+    :meth:`~MPICommunicator.all_reduce` asks :meth:`locate` whether the arrays it was
+    given lie in one of them, to sum them there.
+    """
+
+    def __init__(self, MPI: Any, comm: Any, ctx: Any) -> None:
+        self._MPI = MPI
+        self._comm = comm
+        self._ctx = ctx
+        self._windows: List[_fused.SharedArrays] = []
+        self._allocated = 0
+
+    def allocate(self, shapes: List[tuple]) -> "_fused.SharedArrays":
+        """A new window of float32 arrays of ``shapes`` (collective: every rank allocates
+        the same shapes, in the same order relative to its other allocations)."""
+        self._allocated += 1
+        window = _fused.SharedArrays(self._MPI, self._comm, shapes, self._allocated,
+                                     self._ctx)
+        self._windows.append(window)
+        return window
+
+    def locate(self, lay: "_fused.Layout") -> Optional[tuple]:
+        """The place of ``lay``'s arrays in one of the windows, ``(window, lo, hi)`` (see
+        :meth:`_fused.SharedArrays.locate`), or None if no window holds them."""
+        for window in self._windows:
+            place = window.locate(lay)
+            if place is not None:
+                return place
+        return None
+
+
+class SharedGradients:
+    """Gradients placed in shared memory by :meth:`MPICommunicator.share_grads`.
+
+    Zero the gradients with :meth:`zero`, not ``solver.zero_grad()``: nnabla implements
+    ``zero_grad`` by dropping the arrays' memory, so the gradients would leave the shared
+    memory (correct, but reduced by copying again until the next :meth:`zero` puts them
+    back). The same holds for a gradient nnabla writes in another dtype (float16 graphs):
+    it is reduced by copying.
+
+    Attributes:
+        variables: The parameters, in the order given.
+        arrays: Their gradient arrays (the current ``.grad`` of each; :meth:`zero` renews
+            an entry whose gradient had to be put back), the list to pass to
+            :meth:`MPICommunicator.all_reduce`. Parameters with no elements keep
+            gradients of their own.
+        n_replaced (int): How many times :meth:`zero` found a gradient outside the shared
+            memory and put it back.
+    """
+
+    # After this many calls of zero() in a row that had to put a gradient back, one
+    # warning says that the gradients keep leaving the shared memory.
+    _WARN_AFTER = 3
+
+    def __init__(self, variables: List["nn.Variable"], windows: "GradientWindows") -> None:
+        """Place the gradients of ``variables`` (current values kept) in a new window of
+        ``windows`` (collective)."""
+        self.variables = list(variables)
+        self._placed = [i for i, v in enumerate(self.variables) if v.size > 0]
+        self._empty = [v for v in self.variables if v.size == 0]
+        self._region = windows.allocate([self.variables[i].shape for i in self._placed])
+        for k, i in enumerate(self._placed):
+            v = self.variables[i]
+            current = np.array(v.g, dtype=np.float32)  # kept
+            v.grad = self._region.arrays[k]
+            self._region.view(k)[...] = current.reshape(-1)
+        self.arrays = [v.grad for v in self.variables]
+        self.n_replaced = 0
+        self._streak = 0
+        self._warned = False
+
+    def zero(self) -> None:
+        """Set every gradient to zero, in place in the shared memory.
+
+        A gradient found elsewhere (after ``solver.zero_grad()``, an assignment to
+        ``.grad`` or a float16 backward pass) is put back first: its parameter's
+        ``.grad`` becomes a new array over its place (and :attr:`arrays` is renewed).
+        """
+        region, variables, arrays = self._region, self.variables, self.arrays
+        replaced = False
+        for k, i in enumerate(self._placed):
+            v = variables[i]
+            if not region.in_place(k, v.grad):
+                v.grad = region.fresh(k)
+                arrays[i] = v.grad
+                replaced = True
+        region.mine[:] = 0
+        for v in self._empty:
+            v.grad.zero()
+        if replaced:
+            self.n_replaced += 1
+            self._streak += 1
+            if self._streak >= self._WARN_AFTER and not self._warned:
+                self._warned = True
+                logger.warning(
+                    f"nnabla_mpt: the gradients in shared memory were found elsewhere at "
+                    f"{self._streak} zero() calls in a row (solver.zero_grad(), float16 "
+                    f"gradients?); they are reduced by copying meanwhile. Zero them with "
+                    f"SharedGradients.zero(), or do not share them")
+        else:
+            self._streak = 0
