@@ -18,7 +18,7 @@ need each rank's own check before the reduce, carried in the flags: the saturati
 (parameters outside ``grads`` are not reduced).
 """
 import math
-from typing import Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -26,18 +26,11 @@ import nnabla as nn
 from nnabla.logger import logger
 
 
-class Decision(NamedTuple):
-    """What the check of one step found.
-
-    Attributes:
-        overflow: Skip the step: the (reduced) gradients overflowed.
-        loss_nonfinite: On a skipped step, some micro-batch's loss (on some rank) was
-            itself non-finite: a smaller scale cannot help, so the scale is kept.
-        loss: The mean loss over the micro-batches (and the ranks), where it was read.
-    """
-    overflow: bool
-    loss_nonfinite: bool
-    loss: float
+#: What the check of one step found, ``(overflow, loss_nonfinite, loss)``: skip the step
+#: (the reduced gradients overflowed); on a skipped step, whether some micro-batch's loss
+#: (on some rank) was itself non-finite, so that a smaller scale cannot help and the scale
+#: is kept; the mean loss over the micro-batches (and the ranks) where it was read, else 0.
+Decision = Tuple[bool, bool, float]
 
 
 def losses_finite(loss: "nn.Variable", loss_sum: Optional[float]) -> bool:
@@ -66,7 +59,7 @@ class LocalDecision:
         """Checks the step's gradients; ``loss_sum`` as for :func:`losses_finite`."""
         mean = 0.0 if loss_sum is None else loss_sum / self._accum_grad
         overflow = self.check is not None and self.check()
-        return Decision(overflow, overflow and not losses_finite(loss, loss_sum), mean)
+        return overflow, overflow and not losses_finite(loss, loss_sum), mean
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether a collapse is a pure overflow: the report says so."""
@@ -113,10 +106,10 @@ class StepAgreement:
         mean = loss_total / self._comm.size
         overflow = self.check is not None and (flag > 0.0 or self.check())
         if not overflow:
-            return Decision(False, False, mean)
+            return False, False, mean
         if loss_sum is None:
             bad_losses = self._count([not losses_finite(loss, None)])[0]
-        return Decision(True, bad_losses > 0.0, mean)
+        return True, bad_losses > 0.0, mean
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether the collapse is a pure overflow, decided alike on every rank.

@@ -207,12 +207,11 @@ class _LossScalingUpdater:
         loss, scale, precision = self._graph_at(index)
         watch_loss = self.schedule is not None and self.schedule.needs_loss
         loss_sum = self._forward_backward(loss, scale, watch_loss)
-        decision = self._decider.decide(loss, loss_sum)
-        skipped = decision.overflow
+        skipped, loss_nonfinite, loss_mean = self._decider.decide(loss, loss_sum)
         scaled = precision != "float" or self.schedule is None
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
         # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
-        if scaled and not decision.loss_nonfinite:
+        if scaled and not loss_nonfinite:
             self.policy.update(skipped)
         self.steps += 1
         self._collapse.count(skipped)
@@ -221,15 +220,15 @@ class _LossScalingUpdater:
         else:
             self._unscaler.apply(scale)
             self.updates += 1
-        if watch_loss and math.isfinite(decision.loss):
-            self.schedule.observe_loss(index, decision.loss)
+        if watch_loss and math.isfinite(loss_mean):
+            self.schedule.observe_loss(index, loss_mean)
         result = StepResult(index, skipped, scale, self.scale, attempts, precision)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
         if skipped:
             self._collapse.after_skip(index, scale, self.scale, loss, at_floor,
-                                      decision.loss_nonfinite)
+                                      loss_nonfinite)
         return result
 
     def _graph_at(self, index: int):
