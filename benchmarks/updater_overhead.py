@@ -8,7 +8,8 @@ the same batch:
 * ``ours``   nnabla_mpt.DynamicLossScalingUpdater(...).update()
 * ``nnabla`` nnabla.experimental.mixed_precision_training.DynamicLossScalingUpdater
 
-They run interleaved in one process: hand, ours, nnabla, hand, ours, nnabla, ... Each turn
+They run interleaved in one process: hand, ours, nnabla, then nnabla, ours, hand, ... (the
+order reverses every round, so that no contender always runs after the same one). Each turn
 times a block of steps; after the warm-up rounds the table reports the median step time of
 each contender and the median over rounds of the per-round ratios.
 
@@ -163,7 +164,9 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False):
     n = max(1, int(block_ms / 1e3 / probe))
     times = {k: [] for k in names}
     for r in range(warmup + rounds):
-        for k in names:                          # hand, ours, nnabla, hand, ours, ...
+        # hand, ours, nnabla, ..., then the reverse order in the next round, so that no
+        # contender always follows the same one
+        for k in (names if r % 2 == 0 else names[::-1]):
             t = time_block(runs[k], n)
             if r >= warmup:
                 times[k].append(t)
