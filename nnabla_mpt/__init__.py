@@ -18,6 +18,7 @@ _LAZY = {
     "DynamicLossScalingUpdater": "updater",
     "FixedLossScalingUpdater": "updater",
     "StepResult": "updater",
+    "GradientStats": "gradient_stats",
     "diagnose": "diagnosis",
     "OverflowReport": "report",
     "LossScaleCollapseError": "report",

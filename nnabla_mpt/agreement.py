@@ -65,6 +65,10 @@ class LocalDecision:
         """Whether a collapse is a pure overflow: the report says so."""
         return report.kind == "overflow"
 
+    def gather(self, value: float) -> List[float]:
+        """``value`` of every rank: this one's."""
+        return [value]
+
 
 class StepAgreement:
     """The decision of every rank alike, from the reduced gradients.
@@ -128,12 +132,38 @@ class StepAgreement:
                 "non-finite gradients on their own batches; their reports name the function.")
         return overflow_votes > 0 and problem_votes == 0
 
+    def gather(self, value: float) -> List[float]:
+        """``value`` of every rank, in rank order (one small all-reduce: each rank
+        contributes its value in its own slot, as float32)."""
+        slots = np.zeros(self._comm.size, dtype=np.float32)
+        slots[self._comm.rank] = value
+        return self._sum(slots)
+
     def _count(self, votes: List[bool]) -> List[float]:
         """For each question, how many ranks answered yes (one small all-reduce)."""
-        array = nn.NdArray((len(votes),))
-        array.data = np.array(votes, dtype=np.float32)
+        return self._sum(np.array(votes, dtype=np.float32))
+
+    def _sum(self, values: np.ndarray) -> List[float]:
+        """``values`` summed over the ranks (one small all-reduce)."""
+        array = nn.NdArray(values.shape)
+        array.data = values
         self._comm.all_reduce([array], division=False, inplace=True)
         return [float(v) for v in array.data]
+
+
+def decider(comm, params: Mapping[str, "nn.Variable"],
+            grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
+            float_only: bool, check: Optional[Callable[[], bool]], mode: str,
+            accum_grad: int):
+    """``(decider, shared gradients)`` for an updater: a :class:`LocalDecision` without a
+    communicator; else a :class:`StepAgreement` over the arrays of :func:`reduce_list`,
+    checking each rank's own gradients before the reduce too where that is needed (the
+    saturation ``mode``, or ``grads`` given)."""
+    if comm is None:
+        return LocalDecision(check, accum_grad), None
+    arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only)
+    check_before = mode != "inf_nan" or grads is not None
+    return StepAgreement(comm, arrays, check, check_before, accum_grad), shared
 
 
 def reduce_list(comm, params: Mapping[str, "nn.Variable"],

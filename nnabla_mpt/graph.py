@@ -41,3 +41,25 @@ def graph_inputs(loss) -> Set:
 
     loss.visit(collect)
     return seen
+
+
+def loss_dtype(loss) -> str:
+    """The dtype the backward pass of ``loss`` is seeded in: ``"float16"`` on a half
+    backend, ``"bfloat16"`` on a bfloat16 one, else ``"float32"``."""
+    backend = backend_of(loss)
+    suffix = backend[0].rsplit(":", 1)[-1] if backend else "float"
+    return {"half": "float16", "bfloat16": "bfloat16"}.get(suffix, "float32")
+
+
+def float_context(loss):
+    """The float32 context of the extension ``loss`` is computed with (for reductions
+    over its gradients)."""
+    from nnabla.ext_utils import get_extension_context
+    return get_extension_context(extension_of(loss), type_config="float")
+
+
+def ceiling_of(loss) -> float:
+    """The largest loss scale ``loss.backward(scale)`` can seed: the largest power of two
+    of the loss's dtype (``2**15`` for float16)."""
+    from .dtypes import float_type
+    return float_type(loss_dtype(loss)).max_power_of_two

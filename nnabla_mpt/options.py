@@ -9,15 +9,17 @@ updater's docstring. The checks of arguments that depend on each other (the scal
 the precision schedule, ``grads`` with ``comm``) follow the table.
 """
 import inspect
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import (Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import nnabla as nn
+from nnabla.logger import logger
 
 from . import _validate as check
 from . import graph
 from .detector import OverflowMode
-from .policy import DynamicLossScale, FixedLossScale
+from .policy import GROWTH_MODES, DynamicLossScale, FixedLossScale, GrowthMode
 from .precision import PrecisionSchedule
 
 FloorPolicy = Literal["raise", "warn", "ignore"]
@@ -102,7 +104,19 @@ DATA_FEEDER = Option(
     "data_feeder", None, Optional[Callable[[], Any]],
     "Called with no arguments before every forward to load the next batch into the input "
     "Variables; None when the inputs are already filled.", _callable_or_none)
-SCALE = Option("scale", 8.0, float, "The initial loss scale.", _real(gt=0.0))
+def _scale_or_auto(name: str, value: Any) -> Any:
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"{name} must be a positive number or 'auto', got {value!r}")
+        return value
+    return check.real(name, value, gt=0.0)
+
+
+SCALE = Option(
+    "scale", 8.0, Union[float, Literal["auto"]],
+    "The initial loss scale, or ``\"auto\"``: measured on the first step's own batch "
+    "(see :doc:`measured`). A scale above the largest power of two the loss's dtype holds "
+    "(``2**15`` for float16) is lowered to it, with an info line.", _scale_or_auto)
 FIXED_SCALE = Option("scale", 128.0, float, "The loss scale; ``>= 1``.",
                      lambda name, value: FixedLossScale(value).loss_scale)
 SCALING_FACTOR = Option("scaling_factor", 2.0, float, "Growth factor of the scale (> 1).",
@@ -141,7 +155,17 @@ HYSTERESIS = Option(
     "Overflows tolerated before the scale backs off (see :class:`DynamicLossScale`).",
     _integer(1))
 MIN_SCALE = Option("min_scale", 1.0, float, "Lower bound of the scale.", _real(gt=0.0))
-MAX_SCALE = Option("max_scale", 2.0 ** 24, float, "Upper bound of the scale.", _real(gt=0.0))
+MAX_SCALE = Option(
+    "max_scale", 2.0 ** 24, float,
+    "Upper bound of the scale; the bound in effect is the smaller of this and the largest "
+    "power of two the loss's dtype holds (``2**15`` for float16: ``loss.backward(scale)`` "
+    "seeds the pass in that dtype).", _real(gt=0.0))
+GROWTH_MODE = Option(
+    "growth_mode", "probe", GrowthMode,
+    "``\"probe\"`` (default): grow by ``scaling_factor`` after ``N`` good steps, as "
+    "nnabla's updater does; ``\"measured\"``: on the step where growth is due, watch the "
+    "backward pass and grow by as many factors as the gradients leave room for, possibly "
+    "none (see :doc:`measured`).", _choice(*GROWTH_MODES))
 
 COMMON = (
     Option("overflow_mode", "inf_nan", OverflowMode,
@@ -195,6 +219,11 @@ COMMON = (
            "with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a "
            ":class:`LossScaleCallback`. None (default) costs one attribute test per step.",
            _step_hook),
+    Option("gradient_stats_every", None, Optional[int],
+           "Every this many steps (``(step + 1) % K == 0``), :attr:`StepResult."
+           "gradient_stats` holds each parameter's gradient statistics (zeros, subnormals, "
+           "largest value, headroom; see :class:`~nnabla_mpt.GradientStats`); None "
+           "(default): never.", _optional(_integer(1))),
     Option("shared_grads", None, Optional[bool],
            "Put the gradients of the solver's parameters in the communicator's shared "
            "memory (:meth:`MPICommunicator.share_grads`), so that the step's all-reduce "
@@ -282,7 +311,7 @@ def _doc_entry(option: Option, width: int = 88) -> str:
 DYNAMIC = UpdaterSignature(
     (DATA_FEEDER, SCALE, SCALING_FACTOR, N, CLEAR_BUFFER, ACCUM_GRAD, WEIGHT_DECAY, COMM,
      GRADS),
-    (BACKOFF_FACTOR, HYSTERESIS, MIN_SCALE, MAX_SCALE) + COMMON)
+    (BACKOFF_FACTOR, HYSTERESIS, MIN_SCALE, MAX_SCALE, GROWTH_MODE) + COMMON)
 
 FIXED = UpdaterSignature(
     (DATA_FEEDER, FIXED_SCALE, ENABLE_OVERFLOW_CHECK, CLEAR_BUFFER, ACCUM_GRAD, WEIGHT_DECAY,
@@ -316,30 +345,51 @@ def scalar_loss(loss: Any, name: str = "loss") -> "nn.Variable":
     return loss
 
 
-def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any]) -> DynamicLossScale:
-    """The policy of the dynamic updater, its bounds checked against each other."""
+def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
+                   ceiling: float) -> DynamicLossScale:
+    """The policy of the dynamic updater, its bounds checked against each other; its upper
+    bound is ``min(max_scale, ceiling)``, the largest scale the loss's dtype can seed."""
     lo, hi, scale = values["min_scale"], values["max_scale"], values["scale"]
     if lo > hi:
         raise ValueError(f"min_scale must be <= max_scale, got min_scale="
                          f"{given['min_scale']!r} and max_scale={given['max_scale']!r}")
-    if not lo <= scale <= hi:
+    if lo > ceiling:
+        raise ValueError(f"min_scale={given['min_scale']!r} is above {ceiling:g}, the largest "
+                         f"power of two the loss's dtype holds: backward(scale) would seed "
+                         f"inf at every scale allowed")
+    if scale != "auto" and not lo <= scale <= hi:
         raise ValueError(f"scale must lie in [min_scale, max_scale] = [{lo:g}, {hi:g}], "
                          f"got scale={given['scale']!r}")
+    upper = min(hi, ceiling)
+    if scale == "auto":
+        scale = upper    # until the first step measures it
+    elif scale > upper:
+        logger.info(f"nnabla_mpt: scale={given['scale']!r} is above {ceiling:g}, the largest "
+                    f"power of two the loss's dtype holds (backward(scale) seeds the pass "
+                    f"in that dtype): starting at {upper:g}")
+        scale = upper
     backoff = values["backoff_factor"]
     if backoff is None:
         backoff = 1.0 / values["scaling_factor"]
     return DynamicLossScale(init_scale=scale, growth_factor=values["scaling_factor"],
                             backoff_factor=backoff, growth_interval=values["N"],
-                            hysteresis=values["hysteresis"], min_scale=lo, max_scale=hi)
+                            hysteresis=values["hysteresis"], min_scale=lo, max_scale=upper,
+                            growth_mode=values["growth_mode"])
 
 
-def fixed_policy(values: Mapping[str, Any]) -> FixedLossScale:
-    """The policy of the fixed updater; retries need the overflow check."""
+def fixed_policy(values: Mapping[str, Any], ceiling: float) -> FixedLossScale:
+    """The policy of the fixed updater; the scale must be one the loss's dtype can seed,
+    and retries need the overflow check."""
     if values["max_retries"] and not values["enable_overflow_check"]:
         raise ValueError(f"max_retries={values['max_retries']!r} needs "
                          f"enable_overflow_check=True: without the check no step is ever "
                          f"skipped")
-    return FixedLossScale(values["scale"])
+    policy = FixedLossScale(values["scale"])
+    if policy.loss_scale > ceiling:
+        raise ValueError(f"scale={values['scale']!r} is above {ceiling:g}, the largest power "
+                         f"of two the loss's dtype holds: backward(scale) seeds the pass in "
+                         f"that dtype, so every step would overflow; use scale <= {ceiling:g}")
+    return policy
 
 
 def exchanged_grads(values: Mapping[str, Any]) -> Optional[List["nn.NdArray"]]:

@@ -16,28 +16,60 @@ Example:
     >>> policy.loss_scale
     1024.0
 """
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Literal, Mapping, Optional
 
 from . import _validate as check
+from .dtypes import FLOATS
 
-_POLICY_STATE_VERSION = 1
+_DYNAMIC_STATE_VERSION = 2   # 2: growth_mode
+_FIXED_STATE_VERSION = 1
+
+#: The largest scale any policy takes or produces: a loss scale is a finite float32.
+SCALE_LIMIT = FLOATS["float32"].max
+
+GrowthMode = Literal["probe", "measured"]
+GROWTH_MODES = ("probe", "measured")
+
+
+def _scale_value(name: str, value: Any, **bounds) -> float:
+    """A scale: a real number within ``bounds`` that float32 holds."""
+    scale = check.real(name, value, **bounds)
+    if scale > SCALE_LIMIT:
+        raise ValueError(f"{name} must be a finite float32 (at most {SCALE_LIMIT:.7g}), got "
+                         f"{value!r}")
+    return scale
 
 
 class DynamicLossScale:
     """A loss scale that grows while steps are good and backs off on overflow.
 
-    Rules, applied by :meth:`update` after every step:
+    Rules, applied by :meth:`update` after every step::
 
-    * A good step (no overflow) counts towards growth. After exactly ``growth_interval``
-      consecutive good steps the scale is multiplied by ``growth_factor`` (clamped to
-      ``max_scale``), the count restarts and the hysteresis budget is refilled.
-    * An overflow resets the good-step count and spends one unit of the hysteresis budget
-      (``hysteresis`` units after each growth and at start). When the budget is exhausted the
-      scale is multiplied by ``backoff_factor`` (clamped to ``min_scale``); the budget stays
-      exhausted, so later overflows back off at once until the next growth refills it. With
+        overflow:   good_steps = 0; spend one unit of hysteresis
+                    if none is left: scale = max(scale * backoff_factor, min_scale)
+        good step:  good_steps += 1
+                    if good_steps == growth_interval:          (growth is due)
+                        probe:     k = 1
+                        measured:  k = the largest k >= 0 with growth_factor**k <= room
+                        scale = min(scale * growth_factor**k, max_scale, SCALE_LIMIT)
+                        good_steps = 0; refill the hysteresis
+
+    * With ``growth_mode="probe"`` (default) a growth multiplies the scale by
+      ``growth_factor`` once, as every loss scaler does: the next steps find out whether it
+      went too far.
+    * With ``growth_mode="measured"`` the caller measures, on the step where growth is due
+      (:attr:`growth_due`), how far the scale may be multiplied before a gradient of that
+      step overflows (``room``, see :meth:`update`), and the scale grows by as many factors
+      as fit, possibly none: ``k = 0`` holds the scale and restarts the count, so a growth
+      certain to overflow is never tried. Without a measurement (``room=None``) it grows
+      by one factor.
+    * The hysteresis budget (``hysteresis`` units after each growth and at start) lets
+      that many overflows pass before the scale backs off; the budget stays exhausted, so
+      later overflows back off at once until the next growth refills it. With
       ``hysteresis=1`` (the default) every overflow backs off.
 
-    The scale never leaves ``[min_scale, max_scale]``.
+    The scale never leaves ``[min_scale, max_scale]``, and never exceeds
+    :data:`SCALE_LIMIT`, the largest float32 (a larger ``max_scale`` acts as that).
 
     Args:
         init_scale: The scale of the first step.
@@ -47,6 +79,7 @@ class DynamicLossScale:
         hysteresis: Overflows tolerated before backing off; ``>= 1``.
         min_scale: Lower bound of the scale; ``> 0``.
         max_scale: Upper bound of the scale; ``>= min_scale``.
+        growth_mode: ``"probe"`` or ``"measured"``, see above.
 
     Raises:
         TypeError, ValueError: an argument is out of range; the message names it.
@@ -57,23 +90,27 @@ class DynamicLossScale:
     def __init__(self, init_scale: float = 2.0 ** 15, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
                  hysteresis: int = 1, min_scale: float = 1.0,
-                 max_scale: float = 2.0 ** 24) -> None:
+                 max_scale: float = 2.0 ** 24, growth_mode: GrowthMode = "probe") -> None:
         self.growth_factor = check.real("growth_factor", growth_factor, gt=1.0)
         self.backoff_factor = check.real("backoff_factor", backoff_factor, gt=0.0, lt=1.0)
         self.growth_interval = check.integer("growth_interval", growth_interval, ge=1)
         self.hysteresis = check.integer("hysteresis", hysteresis, ge=1)
-        self.min_scale = check.real("min_scale", min_scale, gt=0.0)
+        self.min_scale = _scale_value("min_scale", min_scale, gt=0.0)
         self.max_scale = check.real("max_scale", max_scale, gt=0.0)
+        self.growth_mode = check.choice("growth_mode", growth_mode, GROWTH_MODES)
         if self.min_scale > self.max_scale:
             raise ValueError(f"min_scale must be <= max_scale, got min_scale={min_scale!r} "
                              f"and max_scale={max_scale!r}")
-        scale = check.real("init_scale", init_scale, gt=0.0)
-        if not self.min_scale <= scale <= self.max_scale:
-            raise ValueError(f"init_scale must lie in [min_scale, max_scale] = "
-                             f"[{self.min_scale:g}, {self.max_scale:g}], got {init_scale!r}")
-        self._scale = scale
+        self._scale = self._in_bounds("init_scale", init_scale)
         self._good_steps = 0
         self._hysteresis_left = self.hysteresis
+
+    def _in_bounds(self, name: str, scale: Any) -> float:
+        value = _scale_value(name, scale, gt=0.0)
+        if not self.min_scale <= value <= self.max_scale:
+            raise ValueError(f"{name} must lie in [min_scale, max_scale] = "
+                             f"[{self.min_scale:g}, {self.max_scale:g}], got {scale!r}")
+        return value
 
     @property
     def loss_scale(self) -> float:
@@ -86,11 +123,7 @@ class DynamicLossScale:
 
     def set_loss_scale(self, scale: float) -> None:
         """Sets the scale, checked against the bounds; restarts the growth count."""
-        value = check.real("scale", scale, gt=0.0)
-        if not self.min_scale <= value <= self.max_scale:
-            raise ValueError(f"scale must lie in [min_scale, max_scale] = "
-                             f"[{self.min_scale:g}, {self.max_scale:g}], got {scale!r}")
-        self._scale = value
+        self._scale = self._in_bounds("scale", scale)
         self._good_steps = 0
 
     @property
@@ -108,8 +141,22 @@ class DynamicLossScale:
         """Whether the scale sits at ``min_scale``, where a back-off can do nothing."""
         return self._scale <= self.min_scale
 
-    def update(self, overflow: bool) -> bool:
-        """Adjusts the scale after a step; returns ``overflow`` unchanged."""
+    @property
+    def growth_due(self) -> bool:
+        """Whether the next step, if good, ends a growth interval: the step to measure in
+        ``"measured"`` mode."""
+        return self._good_steps + 1 >= self.growth_interval
+
+    def update(self, overflow: bool, room: Optional[float] = None) -> bool:
+        """Adjusts the scale after a step; returns ``overflow`` unchanged.
+
+        Args:
+            overflow: Whether the step overflowed.
+            room: ``"measured"`` mode, on the step where growth is due: how far the scale
+                may be multiplied before a gradient of the step would overflow (the
+                dtype's largest value over the largest gradient, with the caller's safety
+                margin); None when not measured. Ignored in ``"probe"`` mode.
+        """
         overflow = bool(overflow)
         if overflow:
             self._good_steps = 0
@@ -119,34 +166,49 @@ class DynamicLossScale:
         else:
             self._good_steps += 1
             if self._good_steps >= self.growth_interval:
-                self._scale = min(self._scale * self.growth_factor, self.max_scale)
+                self._scale = self._grown(room)
                 self._good_steps = 0
                 self._hysteresis_left = self.hysteresis
         return overflow
 
+    def _grown(self, room: Optional[float]) -> float:
+        """The scale after a growth: one factor, or as many as ``room`` allows."""
+        cap = min(self.max_scale, SCALE_LIMIT)
+        factor = self.growth_factor
+        if self.growth_mode == "probe" or room is None:
+            return min(self._scale * factor, cap)
+        k = 0
+        while factor ** (k + 1) <= room and self._scale * factor ** k < cap:
+            k += 1
+        return min(self._scale * factor ** k, cap)
+
     _STATE_KEYS = ("version", "kind", "scale", "good_steps", "hysteresis_left",
                    "growth_factor", "backoff_factor", "growth_interval", "hysteresis",
-                   "min_scale", "max_scale")
+                   "min_scale", "max_scale", "growth_mode")
 
     def state_dict(self) -> Dict[str, Any]:
         """Every field as plain Python scalars, versioned."""
-        return {"version": _POLICY_STATE_VERSION, "kind": self.kind, "scale": self._scale,
+        return {"version": _DYNAMIC_STATE_VERSION, "kind": self.kind, "scale": self._scale,
                 "good_steps": self._good_steps, "hysteresis_left": self._hysteresis_left,
                 "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
                 "growth_interval": self.growth_interval, "hysteresis": self.hysteresis,
-                "min_scale": self.min_scale, "max_scale": self.max_scale}
+                "min_scale": self.min_scale, "max_scale": self.max_scale,
+                "growth_mode": self.growth_mode}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned; all or nothing."""
+        """Restores what :meth:`state_dict` returned; all or nothing.
+
+        A state of version 1 (before ``growth_mode`` existed) loads as ``"probe"``.
+        """
+        state = _upgraded(state)
+        _check_kind(state, self.kind)
         check.exact_keys("state", state, self._STATE_KEYS)
-        check.version("state", state, _POLICY_STATE_VERSION)
-        if state["kind"] != self.kind:
-            raise ValueError(f"state is for a {state['kind']!r} policy, not {self.kind!r}")
+        check.version("state", state, _DYNAMIC_STATE_VERSION)
         fresh = DynamicLossScale(
             init_scale=state["scale"], growth_factor=state["growth_factor"],
             backoff_factor=state["backoff_factor"], growth_interval=state["growth_interval"],
             hysteresis=state["hysteresis"], min_scale=state["min_scale"],
-            max_scale=state["max_scale"])
+            max_scale=state["max_scale"], growth_mode=state["growth_mode"])
         good = check.integer("state['good_steps']", state["good_steps"], ge=0)
         left = check.integer("state['hysteresis_left']", state["hysteresis_left"], ge=0)
         if good >= fresh.growth_interval or left > fresh.hysteresis:
@@ -161,7 +223,23 @@ class DynamicLossScale:
         return (f"DynamicLossScale(scale={self._scale:g}, growth_factor={self.growth_factor:g}, "
                 f"backoff_factor={self.backoff_factor:g}, growth_interval="
                 f"{self.growth_interval}, hysteresis={self.hysteresis}, min_scale="
-                f"{self.min_scale:g}, max_scale={self.max_scale:g})")
+                f"{self.min_scale:g}, max_scale={self.max_scale:g}, "
+                f"growth_mode={self.growth_mode!r})")
+
+
+def _check_kind(state: Any, kind: str) -> None:
+    """A state saved by a policy of another kind is refused first, naming both kinds."""
+    if isinstance(state, Mapping) and state.get("kind", kind) != kind:
+        raise ValueError(f"state is for a {state['kind']!r} policy, not {kind!r}")
+
+
+def _upgraded(state: Any) -> Any:
+    """A dynamic policy's state of version 1 as version 2: ``growth_mode="probe"``, the
+    only growth there was."""
+    if (isinstance(state, Mapping) and state.get("version") == 1
+            and state.get("kind") == "dynamic" and "growth_mode" not in state):
+        return dict(state, version=_DYNAMIC_STATE_VERSION, growth_mode="probe")
+    return state
 
 
 class FixedLossScale:
@@ -179,9 +257,10 @@ class FixedLossScale:
 
     kind = "fixed"
     at_min_scale = False
+    growth_due = False
 
     def __init__(self, scale: float = 128.0) -> None:
-        self._scale = check.real("scale", scale, ge=1.0)
+        self._scale = _scale_value("scale", scale, ge=1.0)
 
     @property
     def loss_scale(self) -> float:
@@ -194,21 +273,20 @@ class FixedLossScale:
 
     def set_loss_scale(self, scale: float) -> None:
         """Replaces the scale (``>= 1``)."""
-        self._scale = check.real("scale", scale, ge=1.0)
+        self._scale = _scale_value("scale", scale, ge=1.0)
 
-    def update(self, overflow: bool) -> bool:
-        """Returns ``overflow`` unchanged; the scale stays."""
+    def update(self, overflow: bool, room: Optional[float] = None) -> bool:
+        """Returns ``overflow`` unchanged; the scale stays (``room`` is ignored)."""
         return bool(overflow)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"version": _POLICY_STATE_VERSION, "kind": self.kind, "scale": self._scale}
+        return {"version": _FIXED_STATE_VERSION, "kind": self.kind, "scale": self._scale}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _check_kind(state, self.kind)
         check.exact_keys("state", state, ("version", "kind", "scale"))
-        check.version("state", state, _POLICY_STATE_VERSION)
-        if state["kind"] != self.kind:
-            raise ValueError(f"state is for a {state['kind']!r} policy, not {self.kind!r}")
-        self._scale = check.real("state['scale']", state["scale"], ge=1.0)
+        check.version("state", state, _FIXED_STATE_VERSION)
+        self._scale = _scale_value("state['scale']", state["scale"], ge=1.0)
 
     def __repr__(self) -> str:
         return f"FixedLossScale(scale={self._scale:g})"

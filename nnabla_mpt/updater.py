@@ -26,7 +26,10 @@ from . import _validate as check
 from . import agreement, checkpoint, graph, options
 from .collapse import CollapseWatch
 from .detector import OverflowDetector, overflow_check
+from .gradient_stats import GradientStats
+from .measured import ScaleMeter
 from .unscale import Unscaler
+from .watch import RangeWatch
 
 _UPDATER_STATE_VERSION = 1
 
@@ -42,6 +45,10 @@ class StepResult:
         next_scale: The loss scale of the next step.
         attempts: Steps this call ran: 1, or more in retry mode.
         precision: ``"half"`` or ``"float"``: the precision of the graph the step ran.
+        gradient_stats: On the steps ``gradient_stats_every`` asks for, each parameter's
+            name mapped to its gradient's :class:`~nnabla_mpt.GradientStats` as the
+            backward pass produced them (scaled, in the graph's dtype, before any
+            all-reduce); None on other steps.
     """
     step: int
     skipped: bool
@@ -49,6 +56,7 @@ class StepResult:
     next_scale: float
     attempts: int = 1
     precision: str = "float"
+    gradient_stats: Optional[Dict[str, GradientStats]] = None
 
     @property
     def updated(self) -> bool:
@@ -61,18 +69,20 @@ class _LossScalingUpdater:
 
     Args:
         solver, loss: As the updaters take them.
-        policy: The loss-scale policy.
+        make_policy: ``ceiling -> policy``: the loss-scale policy, given the largest scale
+            the loss's dtype can seed.
         values: The checked values of the updater's options (``UpdaterSignature.bind``).
     """
 
-    def __init__(self, solver, loss, policy, values: Mapping[str, Any]) -> None:
+    def __init__(self, solver, loss, make_policy: Callable[[float], Any],
+                 values: Mapping[str, Any]) -> None:
         self._params = options.solver_parameters(solver)
         self.solver = solver
         self.loss = options.scalar_loss(loss)
         self._precision = graph.precision_of(self.loss)
         self.schedule, self.high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
-        self.policy = policy
+        self.policy = policy = make_policy(graph.ceiling_of(self.loss))
         self.data_feeder = values["data_feeder"]
         self.clear_buffer = values["clear_buffer"]
         self.accum_grad = values["accum_grad"]
@@ -97,6 +107,8 @@ class _LossScalingUpdater:
         self._collapse = CollapseWatch(values["floor_policy"], values["diagnose_after"],
                                        self._params, self.detector, policy,
                                        self._decider.agree_on_diagnosis)
+        self._meter = ScaleMeter(self.loss, self._params, policy, self._decider.gather,
+                                 values["gradient_stats_every"], values["scale"] == "auto")
         self.steps = 0
         self.updates = 0
         self.skipped_steps = 0
@@ -110,14 +122,10 @@ class _LossScalingUpdater:
                            and graph.backend_of(self.loss) == ["cpu:float"])
             check_grads = overflow_check(self.detector, self.solver, self._params,
                                          float32_cpu)
-        if self.comm is None:
-            return agreement.LocalDecision(check_grads, self.accum_grad), None
         float_only = self._precision == "float" and self.schedule is None
-        arrays, shared = agreement.reduce_list(self.comm, self._params, self.grads,
-                                               shared_grads, float_only)
-        check_before = self.detector.mode != "inf_nan" or self.grads is not None
-        return agreement.StepAgreement(self.comm, arrays, check_grads, check_before,
-                                       self.accum_grad), shared
+        return agreement.decider(self.comm, self._params, self.grads, shared_grads,
+                                 float_only, check_grads, self.detector.mode,
+                                 self.accum_grad)
 
     # -- the scale and what the step runs -----------------------------------------------
     @property
@@ -204,15 +212,21 @@ class _LossScalingUpdater:
 
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
+        fed = self._meter.calibration_pending    # scale="auto": the first step measures
+        if fed:
+            self._meter.calibrate(self.data_feeder, self._zero_grads)
         loss, scale, precision = self._graph_at(index)
-        watch_loss = self.schedule is not None and self.schedule.needs_loss
-        loss_sum = self._forward_backward(loss, scale, watch_loss)
-        skipped, loss_nonfinite, loss_mean = self._decider.decide(loss, loss_sum)
         scaled = precision != "float" or self.schedule is None
+        watch = self._meter.growth_watch() if scaled else None
+        watch_loss = self.schedule is not None and self.schedule.needs_loss
+        loss_sum = self._forward_backward(loss, scale, watch_loss, watch, fed)
+        stats = self._meter.statistics(index)     # as the backward produced them
+        skipped, loss_nonfinite, loss_mean = self._decider.decide(loss, loss_sum)
+        room = None if watch is None or skipped else self._meter.growth_room(watch)
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
         # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
         if scaled and not loss_nonfinite:
-            self.policy.update(skipped)
+            self.policy.update(skipped, room)
         self.steps += 1
         self._collapse.count(skipped)
         if skipped:
@@ -222,7 +236,7 @@ class _LossScalingUpdater:
             self.updates += 1
         if watch_loss and math.isfinite(loss_mean):
             self.schedule.observe_loss(index, loss_mean)
-        result = StepResult(index, skipped, scale, self.scale, attempts, precision)
+        result = StepResult(index, skipped, scale, self.scale, attempts, precision, stats)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
@@ -243,23 +257,29 @@ class _LossScalingUpdater:
                         f"{schedule.describe_switch()}")
         return self.high_precision_loss, 1.0, "float"
 
-    def _forward_backward(self, loss: "nn.Variable", scale: float,
-                          watch_loss: bool) -> Optional[float]:
+    def _forward_backward(self, loss: "nn.Variable", scale: float, watch_loss: bool,
+                          watch: Optional[RangeWatch] = None,
+                          fed: bool = False) -> Optional[float]:
         """Zeroes the gradients, then ``accum_grad`` × (feed, forward, backward with
-        ``scale``). Returns the sum of the micro-batches' losses where they are read (for
-        the loss trigger, and with accumulation so that a non-finite loss in any
+        ``scale``, watched by ``watch`` if given); ``fed``: the first micro-batch is fed and
+        forwarded already. Returns the sum of the micro-batches' losses where they are
+        read (for the loss trigger, and with accumulation so that a non-finite loss in any
         micro-batch is seen), else None: with one micro-batch the loss is read on
         overflow only."""
         read = watch_loss or (self.accum_grad > 1 and self._check_enabled)
         loss_sum = 0.0
         self._zero_grads()
-        for _ in range(self.accum_grad):
-            if self.data_feeder is not None:
-                self.data_feeder()
-            loss.forward(clear_no_need_grad=self.clear_buffer)
+        for i in range(self.accum_grad):
+            if not (fed and i == 0):
+                if self.data_feeder is not None:
+                    self.data_feeder()
+                loss.forward(clear_no_need_grad=self.clear_buffer)
             if read:
                 loss_sum += float(loss.d)
-            loss.backward(scale, clear_buffer=self.clear_buffer)
+            if watch is None:
+                loss.backward(scale, clear_buffer=self.clear_buffer)
+            else:
+                watch.run(loss, scale, self.clear_buffer)
         return loss_sum if read else None
 
     # -- state -------------------------------------------------------------------------
@@ -291,6 +311,8 @@ class _LossScalingUpdater:
             self.schedule.load_state_dict(state["precision"])
         self.steps, self.updates, self.skipped_steps = (
             counters["steps"], counters["updates"], counters["skipped_steps"])
+        # a run resumed after its first step keeps the scale it saved: no calibration
+        self._meter.calibration_pending = self._meter.calibration_pending and self.steps == 0
         self._collapse.overflow_streak = counters["overflow_streak"]
         self._collapse.longest_overflow_streak = counters["longest_overflow_streak"]
 
@@ -378,7 +400,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
 
     def __init__(self, solver, loss, *args, **kwargs) -> None:
         values, given = options.DYNAMIC.bind(type(self).__name__, args, kwargs)
-        super().__init__(solver, loss, options.dynamic_policy(values, given), values)
+        super().__init__(solver, loss,
+                         lambda ceiling: options.dynamic_policy(values, given, ceiling), values)
 
     @property
     def scaling_factor(self) -> float:
@@ -409,4 +432,5 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
 
     def __init__(self, solver, loss, *args, **kwargs) -> None:
         values, _ = options.FIXED.bind(type(self).__name__, args, kwargs)
-        super().__init__(solver, loss, options.fixed_policy(values), values)
+        super().__init__(solver, loss, lambda ceiling: options.fixed_policy(values, ceiling),
+                         values)

@@ -3,8 +3,9 @@
 :class:`ForwardWatch` replays a forward pass and records each function, which function
 produced which variable, the graph's leaf variables and the first function that turned
 finite values into inf/NaN. :class:`BackwardWatch` runs a backward pass and records where
-gradients turn non-finite. Both hand errors raised inside a hook back to the caller after
-the pass, since nnabla would mask them. :func:`array_stats` and the dtype helpers are the
+gradients turn non-finite; :class:`RangeWatch` records how close the gradients come to
+their dtype's largest value. All hand errors raised inside a hook back to the caller after
+the pass, since nnabla would mask them (:class:`BackwardHooks`). :func:`array_stats` and the dtype helpers are the
 numbers the watches look at.
 """
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from .dtypes import FLOATS
 from .report import OverflowReport
 
-__all__ = ["ForwardWatch", "BackwardWatch", "FunctionRecord", "array_stats", "dtype_name",
-           "narrowest_float", "narrowest_float_max"]
+__all__ = ["ForwardWatch", "BackwardHooks", "BackwardWatch", "RangeWatch", "FunctionRecord",
+           "array_stats", "dtype_name", "narrowest_float", "narrowest_float_max"]
 
 
 # --------------------------------------------------------------------------- numbers
@@ -267,7 +269,55 @@ class ForwardWatch:
 # --------------------------------------------------------------------------- backward
 
 
-class BackwardWatch:
+class BackwardHooks:
+    """A backward pass watched function by function.
+
+    :meth:`run` calls ``loss.backward`` with :meth:`pre` and :meth:`post` as nnabla's
+    function hooks; they call :meth:`on_pre` and :meth:`on_post` of the subclass, and an
+    error raised inside one is raised by :meth:`run` after the pass (nnabla would mask
+    it). ``count`` is the number of functions run so far; several passes (micro-batches)
+    can be watched by one object.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.error: Optional[BaseException] = None
+
+    def run(self, loss: Any, scale: float, clear_buffer: bool = False) -> "BackwardHooks":
+        """Run ``loss.backward(scale)`` watched by these hooks (every buffer kept unless
+        ``clear_buffer``)."""
+        loss.backward(scale, clear_buffer=clear_buffer, function_pre_hook=self.pre,
+                      function_post_hook=self.post)
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return self
+
+    def pre(self, f: Any) -> None:
+        if self.error is None:
+            try:
+                self.on_pre(f)
+            except BaseException as e:  # surfaced after the pass; nnabla would mask it
+                self.error = e
+
+    def post(self, f: Any) -> None:
+        index = self.count
+        self.count += 1
+        if self.error is None:
+            try:
+                self.on_post(f, index)
+            except BaseException as e:
+                self.error = e
+
+    def on_pre(self, f: Any) -> None:
+        """Before function ``f``'s backward: its outputs' gradients are complete."""
+
+    def on_post(self, f: Any, index: int) -> None:
+        """After function ``f``'s backward, the ``index``-th of the pass: its inputs'
+        gradients hold its contribution."""
+
+
+class BackwardWatch(BackwardHooks):
     """Hooks for one backward pass: where gradients turn non-finite, and who is to blame.
 
     A function is an *origin* when it turns an input gradient non-finite while every
@@ -285,8 +335,7 @@ class BackwardWatch:
     """
 
     def __init__(self) -> None:
-        self.count = 0
-        self.error: Optional[BaseException] = None
+        super().__init__()
         self.grad_bad: Dict[int, bool] = {}
         self.turned_bad_by: Dict[int, int] = {}   # variable hash -> backward index
         self.bad_outputs: Dict[int, List[int]] = {}  # backward index -> bad output hashes
@@ -294,54 +343,34 @@ class BackwardWatch:
         self.grad_max = 0.0
         self._out: List[Tuple[int, float, float]] = []
 
-    def run(self, loss: Any, scale: float) -> "BackwardWatch":
-        """Run ``loss.backward(scale)`` keeping every buffer, watched by these hooks."""
-        loss.backward(scale, clear_buffer=False, function_pre_hook=self.pre,
-                      function_post_hook=self.post)
-        if self.error is not None:
-            raise self.error
-        return self
+    def on_pre(self, f: Any) -> None:
+        self._out = [array_stats(v.g) for v in f.outputs]
 
-    def pre(self, f: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            self._out = [array_stats(v.g) for v in f.outputs]
-        except BaseException as e:  # surfaced after the pass; nnabla would mask it
-            self.error = e
-
-    def post(self, f: Any) -> None:
-        idx = self.count
-        self.count += 1
-        if self.error is not None:
-            return
-        try:
-            out = self._out
-            newly = False
-            in_stats: List[Tuple[int, float, float]] = []
-            for v in f.inputs:
-                if not v.need_grad:
-                    continue
-                st = array_stats(v.g)
-                in_stats.append(st)
-                h = hash(v)
-                if st[0] and not self.grad_bad.get(h, False):
-                    self.turned_bad_by[h] = idx
-                    self.grad_bad[h] = newly = True
-            for st in out + in_stats:
-                if not math.isnan(st[1]):
-                    self.grad_max = max(self.grad_max, st[1])
-            if newly:
-                bad_out = [hash(v) for v, st in zip(f.outputs, out) if st[0]]
-                self.bad_outputs[idx] = bad_out
-                if not bad_out:
-                    self.origins.append(dict(
-                        f=f, index=idx, fhash=hash(f),
-                        out_grad_max=[st[1] for st in out],
-                        in_grad_dtypes=[dtype_name(v.grad) if v.need_grad else "-"
-                                        for v in f.inputs]))
-        except BaseException as e:
-            self.error = e
+    def on_post(self, f: Any, idx: int) -> None:
+        out = self._out
+        newly = False
+        in_stats: List[Tuple[int, float, float]] = []
+        for v in f.inputs:
+            if not v.need_grad:
+                continue
+            st = array_stats(v.g)
+            in_stats.append(st)
+            h = hash(v)
+            if st[0] and not self.grad_bad.get(h, False):
+                self.turned_bad_by[h] = idx
+                self.grad_bad[h] = newly = True
+        for st in out + in_stats:
+            if not math.isnan(st[1]):
+                self.grad_max = max(self.grad_max, st[1])
+        if newly:
+            bad_out = [hash(v) for v, st in zip(f.outputs, out) if st[0]]
+            self.bad_outputs[idx] = bad_out
+            if not bad_out:
+                self.origins.append(dict(
+                    f=f, index=idx, fhash=hash(f),
+                    out_grad_max=[st[1] for st in out],
+                    in_grad_dtypes=[dtype_name(v.grad) if v.need_grad else "-"
+                                    for v in f.inputs]))
 
     def responsible(self, var_hashes: List[int]) -> List[Dict[str, Any]]:
         """Origins whose non-finite gradients reach the given variables, in order."""
@@ -359,3 +388,64 @@ class BackwardWatch:
             todo.extend(self.turned_bad_by[h] for h in self.bad_outputs.get(g, [])
                         if h in self.turned_bad_by)
         return [by_index[i] for i in sorted(found)]
+
+
+class RangeWatch(BackwardHooks):
+    """How close the gradients of backward passes come to their dtype's largest value.
+
+    Before each function's backward runs, the gradients flowing into it (its outputs'
+    gradients, complete by then) are reduced, with nnabla functions in the graph's own
+    extension, to their largest absolute value; :meth:`add` does the same for other
+    arrays (the parameters' gradients). The maxima stay where the arrays are until
+    :meth:`room` reads them back, all at once. The seed of a pass, the loss's own
+    gradient (the scale itself), is not watched: it is exact, and a scale the loss dtype
+    cannot hold is the ceiling's business.
+
+    Args:
+        loss: The loss whose backward passes are watched.
+        ctx: The float32 context of the graph's extension, where the maxima are computed.
+    """
+
+    def __init__(self, loss: Any, ctx: Any) -> None:
+        super().__init__()
+        self._loss = hash(loss)
+        self._ctx = ctx
+        self._maxima: List[Any] = []
+        self._limits: List[float] = []
+
+    def on_pre(self, f: Any) -> None:
+        for v in f.outputs:
+            if hash(v) != self._loss:
+                self._watch(v.grad)
+
+    def add(self, arrays: List[Any]) -> "RangeWatch":
+        """Watches ``arrays`` (nnabla NdArrays) too, as they are now."""
+        for a in arrays:
+            self._watch(a)
+        return self
+
+    def _watch(self, array: Any) -> None:
+        name = dtype_name(array)
+        if name not in FLOATS or array.size == 0:
+            return
+        import nnabla as nn
+        import nnabla.functions as F
+        with nn.context_scope(self._ctx):
+            self._maxima.append(F.reshape(F.max(F.abs(array)), (1,)))
+        self._limits.append(FLOATS[name].max)
+
+    def room(self) -> Tuple[float, float]:
+        """``(room, largest)``: how far every watched gradient could be multiplied and stay
+        within its dtype (the smallest ``dtype max / max |g|``: ``inf`` when all are zero,
+        0 when one is not finite), and the largest ``max |g|`` seen (0 if none)."""
+        if not self._maxima:
+            return math.inf, 0.0
+        import nnabla as nn
+        import nnabla.functions as F
+        with nn.context_scope(self._ctx):
+            maxima = np.asarray(F.concatenate(*self._maxima, axis=0).data, dtype=np.float64)
+        if not np.isfinite(maxima).all():
+            return 0.0, math.inf
+        with np.errstate(divide="ignore"):
+            ratios = np.asarray(self._limits) / maxima
+        return float(ratios.min()), float(maxima.max())

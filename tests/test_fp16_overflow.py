@@ -50,7 +50,7 @@ def _all_finite(params):
 @pytest.mark.parametrize("kind, hp", [("Adam", dict(alpha=1e-2)),
                                       ("Momentum", dict(lr=0.05, momentum=0.9))])
 def test_overflowing_steps_are_skipped_bitwise_and_the_scale_recovers(kind, hp):
-    net = _half_net()
+    net = _half_linear_net()
     solver = net.solver(kind, **hp)
     # floor_policy="ignore": no diagnosis replay, which would overwrite the gradients that
     # are inspected below.
@@ -59,7 +59,8 @@ def test_overflowing_steps_are_skipped_bitwise_and_the_scale_recovers(kind, hp):
     for _ in range(2):                          # non-trivial solver states first
         assert updater.update().updated
     params, states = net.snapshot(), solver_states(solver)
-    updater.scale = 2.0 ** 24                   # far beyond what float16 gradients can hold
+    updater.scale = 2.0 ** 15                   # the largest float16 scale
+    net.large = set(range(2, 100))              # batches whose gradients overflow there
 
     skipped = []
     while True:
@@ -74,9 +75,9 @@ def test_overflowing_steps_are_skipped_bitwise_and_the_scale_recovers(kind, hp):
         assert_bitwise_equal(net.snapshot(), params)
         assert_states_bitwise_equal(solver_states(solver), states)
         assert len(skipped) < 20
-    assert [s.scale for s in skipped] == [2.0 ** (24 - i) for i in range(len(skipped))]
-    assert len(skipped) >= 5                    # 2**24 .. 2**20 certainly overflow
-    assert r.scale == 2.0 ** (24 - len(skipped)) and r.step == 2 + len(skipped)
+    assert [s.scale for s in skipped] == [2.0 ** (15 - i) for i in range(len(skipped))]
+    assert len(skipped) >= 4                    # 2**15 .. LARGE_OVERFLOWS certainly overflow
+    assert r.scale == 2.0 ** (15 - len(skipped)) and r.step == 2 + len(skipped)
     # Recovery: the step updated, with finite values.
     after = net.snapshot()
     assert any(not np.array_equal(after[k], params[k]) for k in params)
@@ -98,15 +99,16 @@ def test_the_same_scale_does_not_overflow_in_float():
 
 
 def test_fixed_updater_with_check_skips_and_keeps_the_scale():
-    net = _half_net()
+    net = _half_linear_net()
+    net.large = set(range(3))
     solver = net.solver("Adam", alpha=1e-2)
-    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 24)
+    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=LARGE_OVERFLOWS)
     params, states = net.snapshot(), solver_states(solver)
     for i in range(3):
         r = updater.update()
         assert (r.step, r.skipped, r.scale, r.next_scale, r.attempts) == (
-            i, True, 2.0 ** 24, 2.0 ** 24, 1)
-    assert updater.scale == 2.0 ** 24
+            i, True, LARGE_OVERFLOWS, LARGE_OVERFLOWS, 1)
+    assert updater.scale == LARGE_OVERFLOWS
     assert_bitwise_equal(net.snapshot(), params)
     assert_states_bitwise_equal(solver_states(solver), states)
     assert (updater.steps, updater.updates, updater.skipped_steps, updater.overflow_streak,
@@ -114,9 +116,10 @@ def test_fixed_updater_with_check_skips_and_keeps_the_scale():
 
 
 def test_fixed_updater_without_check_updates_anyway():
-    net = _half_net()
+    net = _half_linear_net()
+    net.large = {0}
     solver = net.solver("Sgd", lr=0.1)
-    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 24,
+    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=LARGE_OVERFLOWS,
                                       enable_overflow_check=False)
     params = net.snapshot()
     r = updater.update()
@@ -256,18 +259,24 @@ def test_retry_gives_up_after_exactly_max_retries_plus_one_attempts(max_retries)
     net = _half_linear_net()
     net.large = set(range(100))
     solver = net.solver("Momentum", lr=0.1, momentum=0.9)
-    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 20,
-                                        N=1000, max_retries=max_retries)
+    # From the largest float16 scale, backing off by 3/4 keeps the scale above
+    # LARGE_OVERFLOWS for 8 steps: every attempt overflows.
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15,
+                                        N=1000, backoff_factor=0.75, max_retries=max_retries)
+    scales = [2.0 ** 15]
+    for _ in range(8):
+        scales.append(scales[-1] * 0.75)
+    assert scales[7] > LARGE_OVERFLOWS
     params, states = net.snapshot(), solver_states(solver)
     k = max_retries + 1
     r = updater.update()
     assert (r.skipped, r.attempts, r.step) == (True, k, k - 1)
-    assert (r.scale, r.next_scale) == (2.0 ** (20 - k + 1), 2.0 ** (20 - k))
+    assert (r.scale, r.next_scale) == (scales[k - 1], scales[k])
     assert net.calls == k
     r = updater.update()
     assert (r.skipped, r.attempts, r.step) == (True, k, 2 * k - 1)
     assert net.calls == 2 * k
-    assert updater.scale == 2.0 ** (20 - 2 * k)
+    assert updater.scale == scales[2 * k]
     assert (updater.steps, updater.updates, updater.skipped_steps, updater.overflow_streak,
             updater.longest_overflow_streak) == (2 * k, 0, 2 * k, 2 * k, 2 * k)
     assert_bitwise_equal(net.snapshot(), params)
@@ -311,3 +320,31 @@ def test_a_non_finite_loss_is_skipped_without_lowering_the_scale():
     assert_bitwise_equal(net.snapshot(), params)
     assert_states_bitwise_equal(solver_states(solver), states)
     assert updater.update().updated
+
+
+def test_a_scale_the_float16_loss_cannot_seed_is_never_used():
+    # backward(scale) seeds the pass in the loss's dtype: 2**16 is inf in float16 whatever
+    # the data. The dynamic updater starts at 2**15 instead (one info line) and never grows
+    # beyond it; the fixed one refuses such a scale.
+    net = _half_linear_net()
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
+                                        scale=2.0 ** 20, N=1)
+    assert updater.policy.max_scale == 2.0 ** 15
+    results = [updater.update() for _ in range(4)]
+    assert [(r.scale, r.skipped) for r in results] == [(2.0 ** 15, False)] * 4
+    with pytest.raises(ValueError, match=r"^scale=65536\.0 is above 32768, the largest power "
+                                         r"of two the loss's dtype holds"):
+        FixedLossScalingUpdater(net.solver(), net.loss, scale=2.0 ** 16)
+    assert FixedLossScalingUpdater(net.solver(), net.loss, scale=2.0 ** 15).scale == 2.0 ** 15
+    with pytest.raises(ValueError, match=r"^min_scale=65536\.0 is above 32768"):
+        DynamicLossScalingUpdater(net.solver(), net.loss, scale=2.0 ** 17,
+                                  min_scale=2.0 ** 16, max_scale=2.0 ** 18)
+
+
+def test_the_ceiling_of_a_float32_loss_is_two_to_the_127():
+    net = Net("float")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
+                                        scale=2.0 ** 126, N=1, max_scale=1e300)
+    assert updater.policy.max_scale == 2.0 ** 127
+    scales = [updater.update().next_scale for _ in range(3)]
+    assert scales == [2.0 ** 127] * 3

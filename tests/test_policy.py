@@ -1,4 +1,5 @@
 """The pure loss-scale policies: no nnabla involved."""
+import math
 import json
 import subprocess
 import sys
@@ -235,7 +236,8 @@ def test_random_overflow_sequences_match_reference(flags, interval, hysteresis, 
 # -- state ----------------------------------------------------------------------------------
 
 DYNAMIC_KEYS = {"version", "kind", "scale", "good_steps", "hysteresis_left", "growth_factor",
-                "backoff_factor", "growth_interval", "hysteresis", "min_scale", "max_scale"}
+                "backoff_factor", "growth_interval", "hysteresis", "min_scale", "max_scale",
+                "growth_mode"}
 
 
 def _busy_policy():
@@ -250,10 +252,10 @@ def test_dynamic_state_dict_has_every_field_as_plain_values():
     p = _busy_policy()
     state = p.state_dict()
     assert set(state) == DYNAMIC_KEYS
-    assert state == {"version": 1, "kind": "dynamic", "scale": 96.0, "good_steps": 2,
+    assert state == {"version": 2, "kind": "dynamic", "scale": 96.0, "good_steps": 2,
                      "hysteresis_left": 2, "growth_factor": 3.0, "backoff_factor": 0.25,
                      "growth_interval": 5, "hysteresis": 3, "min_scale": 1.5,
-                     "max_scale": 5000.0}
+                     "max_scale": 5000.0, "growth_mode": "probe"}
     # Every attribute of the object is saved (none silently dropped on rebuild).
     attributes = {name.lstrip("_") for name in vars(p)}
     assert attributes <= set(state), f"not in state_dict: {attributes - set(state)}"
@@ -287,7 +289,9 @@ def test_dynamic_state_round_trip_is_not_tied_to_the_same_object():
     (lambda s: s.update(extra=1), r"unknown keys \['extra'\]"),
     (lambda s: (s.pop("hysteresis"), s.update(bogus=0)),
      r"missing keys \['hysteresis'\]; unknown keys \['bogus'\]"),
-    (lambda s: s.update(version=2), r"version 2.*reads version 1"),
+    (lambda s: s.update(version=3), r"version 3.*reads version 2"),
+    (lambda s: s.update(growth_mode="guess"), r"growth_mode must be one of 'probe', "
+                                              r"'measured', got 'guess'"),
     (lambda s: s.update(kind="fixed"), r"'fixed' policy, not 'dynamic'"),
     (lambda s: s.update(good_steps=5), r"good_steps=5 must be < growth_interval=5"),
     (lambda s: s.update(hysteresis_left=4), r"hysteresis_left=4 <= hysteresis=3"),
@@ -345,7 +349,69 @@ def test_fixed_load_state_dict_errors(mutate, exc, message):
 
 
 def test_dynamic_state_cannot_be_loaded_into_fixed_and_back():
-    with pytest.raises(ValueError, match=r"unknown keys"):
+    with pytest.raises(ValueError, match=r"^state is for a 'dynamic' policy, not 'fixed'$"):
         FixedLossScale().load_state_dict(DynamicLossScale().state_dict())
-    with pytest.raises(ValueError, match=r"missing keys"):
+    with pytest.raises(ValueError, match=r"^state is for a 'fixed' policy, not 'dynamic'$"):
         DynamicLossScale().load_state_dict(FixedLossScale().state_dict())
+
+
+# -- the largest scale, measured growth ------------------------------------------------------
+
+def test_the_scale_stays_a_finite_float32_whatever_max_scale_says():
+    p = DynamicLossScale(init_scale=2.0 ** 126, growth_interval=1, max_scale=1e300)
+    for _ in range(4):
+        p.update(False)
+        assert np.isfinite(np.float32(p.loss_scale)), p.loss_scale
+    assert p.loss_scale == float(np.finfo(np.float32).max)
+    with pytest.raises(ValueError, match=r"^init_scale must be a finite float32 .*got 1e\+39$"):
+        DynamicLossScale(init_scale=1e39, max_scale=1e300)
+    with pytest.raises(ValueError, match=r"^scale must be a finite float32"):
+        FixedLossScale(1e39)
+
+
+@pytest.mark.parametrize("room, expected", [
+    (None, 2048.0),              # not measured: one factor, as probe growth
+    (0.5, 1024.0),               # no room: hold
+    (1.0, 1024.0),
+    (1.99, 1024.0),
+    (2.0, 2048.0),
+    (7.9, 4096.0),               # the largest k with 2**k <= room
+    (8.0, 8192.0),
+    (1e9, 2.0 ** 14),            # up to max_scale
+    (math.inf, 2.0 ** 14),
+])
+def test_measured_growth_takes_as_many_factors_as_the_room_allows(room, expected):
+    p = DynamicLossScale(init_scale=1024.0, growth_interval=3, max_scale=2.0 ** 14,
+                         growth_mode="measured")
+    p.update(False)
+    assert not p.growth_due
+    p.update(False)
+    assert p.growth_due
+    p.update(False, room=room)
+    assert p.loss_scale == expected
+    assert (p.good_steps, p.growth_due) == (0, False)     # the count restarts either way
+
+
+def test_probe_growth_ignores_the_room():
+    p = DynamicLossScale(init_scale=1024.0, growth_interval=1)
+    p.update(False, room=1e9)
+    assert p.loss_scale == 2048.0
+    p.update(False, room=0.0)
+    assert p.loss_scale == 4096.0
+
+
+def test_measured_growth_between_powers_of_the_factor_clamps_to_max_scale():
+    p = DynamicLossScale(init_scale=1000.0, growth_interval=1, max_scale=3000.0,
+                         growth_mode="measured")
+    p.update(False, room=16.0)
+    assert p.loss_scale == 3000.0            # 1000 * 2**4 clamped, as probe growth clamps
+
+
+def test_a_version_1_state_loads_as_probe_growth():
+    p = DynamicLossScale(init_scale=64.0, growth_interval=5)
+    state = p.state_dict()
+    del state["growth_mode"]
+    state["version"] = 1
+    q = DynamicLossScale(growth_mode="measured")
+    q.load_state_dict(state)
+    assert q.growth_mode == "probe" and q.state_dict() == p.state_dict()

@@ -37,10 +37,10 @@ def _busy_dynamic(scope="net"):
 
 EXPECTED_STATE = {
     "version": 1, "updater": "DynamicLossScalingUpdater",
-    "policy": {"version": 1, "kind": "dynamic", "scale": 4.0, "good_steps": 0,
+    "policy": {"version": 2, "kind": "dynamic", "scale": 4.0, "good_steps": 0,
                "hysteresis_left": 0, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 3, "hysteresis": 2, "min_scale": 1.0,
-               "max_scale": 2.0 ** 24},
+               "max_scale": 2.0 ** 24, "growth_mode": "probe"},
     "precision": None,
     "steps": 8, "updates": 3, "skipped_steps": 5, "overflow_streak": 1,
     "longest_overflow_streak": 4,
