@@ -14,9 +14,15 @@ from nnabla.ext_utils import get_extension_context
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
 from nnabla_mpt import diagnosis
 from nnabla_mpt.diagnosis import LossScaleCollapseError
+from support import Net, linear_mse_grads
 
 HALF = get_extension_context("cpu", type_config="half")
 PARAMS = ["fc1/affine/W", "fc1/affine/b", "fc2/affine/W", "fc2/affine/b"]
+FP16_MAX = 65504.0
+# For the linear float16 ``Net("half")``, a batch in ``net.large`` (x * 20) keeps a finite
+# loss but its gradients overflow at this scale and above (in float16 it is the weight
+# gradient of the Affine that overflows first); ordinary batches do not.
+LARGE_OVERFLOWS = 4096.0
 
 
 def _affine(h, n, name, seed):
@@ -131,16 +137,33 @@ def test_log_of_zeros_raises_within_the_streak_naming_log_forward(count_diagnose
 
 
 def test_fixed_updater_raises_on_a_streak_of_pure_overflow():
-    # A fixed scale above the float16 range never backs off: the streak is a collapse.
-    solver, loss, feed = healthy_regression()
-    u = FixedLossScalingUpdater(solver, loss, feed, scale=2.0 ** 20, diagnose_after=2)
-    u.update()
+    # A fixed scale at which every batch overflows never backs off: the streak is a
+    # collapse, even though each batch is finite at a smaller scale.
+    net = Net("half")
+    net.large = set(range(100))
+    u = FixedLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
+                                scale=LARGE_OVERFLOWS, diagnose_after=2)
+    assert u.update().skipped
     with pytest.raises(LossScaleCollapseError) as info:
         u.update()
+    assert (u.steps, u.skipped_steps, u.overflow_streak, u.scale) == (2, 2, 2, LARGE_OVERFLOWS)
     report = info.value.report
-    assert (report.kind, report.phase, report.function) == ("overflow", "backward", "Mean")
-    assert "scale=" in flat(report) and "larger than the largest float16 value" in flat(report)
-    assert "overflowed in backward" in str(info.value).splitlines()[0]
+    assert (report.kind, report.phase, report.function) == ("overflow", "backward", "Affine")
+    assert report.finite_at_scale_one and report.loss_finite
+    assert report.nonfinite_params == ["out/affine/W"]
+    # The replayed batch (1) at scale 1, computed in float64: the largest safe scale is the
+    # power of two that keeps its largest gradient within float16.
+    W, b = (net.params[f"out/affine/{k}"].d for k in "Wb")
+    grads = linear_mse_grads(W, b, *net.batch(1))
+    largest = max(float(np.abs(g).max()) for g in grads)
+    assert report.max_grad_at_scale_one == pytest.approx(largest, rel=1e-2)
+    assert report.max_safe_scale == 2.0 ** np.floor(np.log2(FP16_MAX / largest))
+    assert report.max_safe_scale < LARGE_OVERFLOWS
+    assert f"use a scale of at most {report.max_safe_scale:g}" in flat(report)
+    # The scale itself is representable: the overflow is the data's, not the seed's.
+    assert "larger than the largest float16 value" not in flat(report)
+    assert ("Affine (#0) in out/affine overflowed in backward at scale 2**12 (4096) (finite "
+            "at scale 1)") in str(info.value).splitlines()[0]
 
 
 def test_overflow_at_the_minimum_scale_triggers_at_once():
@@ -219,21 +242,25 @@ def test_a_healthy_run_never_diagnoses(count_diagnose, nnabla_log):
 
 
 def test_backing_off_from_a_too_high_scale_is_not_a_collapse(count_diagnose, nnabla_log):
-    # 2**20 overflows float16 at the seed: seven back-offs are needed. The streak reaches
+    # The first eight batches are large. Backing off by 3/4 from 2**15 keeps the scale above
+    # LARGE_OVERFLOWS for eight steps, so all of them overflow. The streak reaches
     # diagnose_after, the replay says "overflow" and the scale still has room: no error.
-    solver, loss, feed = healthy_regression()
-    u = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 20, N=1000,
+    net = Net("half")
+    net.large = set(range(8))
+    u = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
+                                  scale=2.0 ** 15, N=1000, backoff_factor=0.75,
                                   diagnose_after=3)
+    scales = [2.0 ** 15 * 0.75 ** k for k in range(9)]
+    assert scales[7] > LARGE_OVERFLOWS
     results = [u.update() for _ in range(12)]
-    skipped = [r.skipped for r in results]
-    first_update = skipped.index(False)
-    assert skipped[first_update:] == [False] * (12 - first_update)
-    assert first_update >= 5
-    assert count_diagnose == [2.0 ** 18]             # once, at the third overflow
+    assert [r.skipped for r in results] == [True] * 8 + [False] * 4
+    assert [r.scale for r in results] == scales + [scales[8]] * 3
+    assert u.longest_overflow_streak == 8
+    assert count_diagnose == [scales[2]]             # once, at the third overflow
     assert u.last_report.kind == "overflow" and u.last_report.phase == "backward"
     info = [r.getMessage() for r in records(nnabla_log, logging.INFO)]
     assert len(info) == 1 and "3 consecutive overflowing steps" in info[0]
-    assert "keeps backing off, now 131072" in info[0]
+    assert f"(Affine in backward); it keeps backing off, now {scales[3]:g}" in info[0]
     assert records(nnabla_log, logging.WARNING) == []
 
 

@@ -6,38 +6,41 @@ import nnabla as nn
 import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
-from nnabla.ext_utils import get_extension_context
 from nnabla.monitor import Monitor
 
 from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater, LossScaleCallback,
                         LossScaleMonitor, LossScaleStats, StepResult)
+from support import Net
 
-# A tiny float16 network whose only overflow source is the loss scale itself: the scale is
-# the seed of the backward pass, so any scale above 65504 (the largest float16) is inf, and
-# 2**15 and below never overflow (inputs and weights are small).
-# With scale=2**24 and N=4 the steps run with
-#   0..8: 2**24 .. 2**16 (skipped), 9..12: 2**15, 13: 2**16 (skipped), 14..17: 2**15,
-#   18: 2**16 (skipped), 19: 2**15, ...
-# that is, after the warm-up every fifth step overflows.
-WARMUP_SCALES = [2.0 ** e for e in range(24, 15, -1)]   # steps 0..8
+# The float16 network of the trajectory tests is the linear ``Net("half")``: the batches in
+# ``net.large`` (x * 20) keep a finite loss but their gradients overflow at scales of
+# LARGE_OVERFLOWS and above; ordinary batches are far from overflowing at 2**11 (largest
+# gradient per unit of scale about 2). The overflows come from the data: every scale used
+# here is one float16 can seed the backward pass with.
+LARGE_OVERFLOWS = 4096.0
+# The large batches are those of steps 0..3 (the four scales 2**15 .. 2**12 all overflow
+# on them) and then of every fifth step from step 8. With scale=2**15 and N=4 the steps
+# run with
+#   0..3: 2**15 .. 2**12 (large: skipped), 4..7: 2**11, 8: 2**12 (large: skipped),
+#   9..12: 2**11, 13: 2**12 (large: skipped), 14..17: 2**11, 18: 2**12 (skipped), ...
+# that is, after the warm-up every fifth step is a growth to 2**12 on a large batch.
+LARGE_STEPS = set(range(4)) | set(range(8, 1000, 5))
+WARMUP_SCALES = [2.0 ** e for e in range(15, 11, -1)]   # steps 0..3
 
 
 def expected_fp16_steps(n):
     """(scale, skipped) of each of the first n steps, from the rule above."""
     out = [(s, True) for s in WARMUP_SCALES]
     while len(out) < n:
-        out += [(2.0 ** 15, False)] * 4 + [(2.0 ** 16, True)]
+        out += [(2.0 ** 11, False)] * 4 + [(2.0 ** 12, True)]
     return out[:n]
 
 
-def fp16_net():
-    nn.set_default_context(get_extension_context("cpu", type_config="half"))
-    x = nn.Variable.from_numpy_array(np.full((4, 3), 0.5, dtype=np.float32))
-    h = PF.affine(x, 2, name="fc", w_init=np.full((3, 2), 0.1, dtype=np.float32))
-    loss = F.mean(h ** 2)
-    solver = S.Sgd(0.01)
-    solver.set_parameters(nn.get_parameters())
-    return solver, loss
+def fp16_net(large=LARGE_STEPS):
+    """The linear float16 net with large batches at the steps ``large``, and its solver."""
+    net = Net("half")
+    net.large = set(large)
+    return net, net.solver("Sgd", lr=0.01)
 
 
 def float_net():
@@ -59,37 +62,42 @@ def read_series(path):
 
 def test_expected_trajectory_matches_the_fp16_net():
     # The premise of the file-content tests: the real fp16 run follows the rule.
-    solver, loss = fp16_net()
-    updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 24, N=4)
+    net, solver = fp16_net()
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15, N=4)
     got = [(r.scale, r.skipped) for r in (updater.update() for _ in range(20))]
     assert got == expected_fp16_steps(20)
+    # Exactly the large batches overflow, each at a scale of LARGE_OVERFLOWS or above.
+    assert {i for i, (_, skipped) in enumerate(got) if skipped} == LARGE_STEPS & set(range(20))
+    assert all(scale >= LARGE_OVERFLOWS for scale, skipped in got if skipped)
 
 
 def test_monitor_series_files_hold_expected_values(tmp_path):
-    solver, loss = fp16_net()
-    hook = LossScaleMonitor(Monitor(str(tmp_path)), interval=5, prefix="amp")
-    updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 24, N=4, monitor=hook)
+    net, solver = fp16_net()
+    hook = LossScaleMonitor(Monitor(str(tmp_path)), interval=4, prefix="amp")
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15, N=4,
+                                        monitor=hook)
     for _ in range(20):
         updater.update()
 
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "amp-overflow-rate.series.txt", "amp-scale.series.txt",
         "amp-skipped-steps.series.txt"]
-    # windows [0-4] [5-9] [10-14] [15-19]; scale of each window's last step
+    # windows [0-3] [4-7] [8-11] [12-15] [16-19]; scale of each window's last step
     assert read_series(tmp_path / "amp-scale.series.txt") == [
-        (4, float(f"{2.0 ** 20:g}")), (9, 32768.0), (14, 32768.0), (19, 32768.0)]
-    # cumulative skipped: 5 (steps 0-4), +4 (5-8), +1 (13), +1 (18)
+        (3, 4096.0), (7, 2048.0), (11, 2048.0), (15, 2048.0), (19, 2048.0)]
+    # cumulative skipped: 4 (steps 0-3), +0 (4-7), +1 (8), +1 (13), +1 (18)
     assert read_series(tmp_path / "amp-skipped-steps.series.txt") == [
-        (4, 5.0), (9, 9.0), (14, 10.0), (19, 11.0)]
+        (3, 4.0), (7, 4.0), (11, 5.0), (15, 6.0), (19, 7.0)]
     assert read_series(tmp_path / "amp-overflow-rate.series.txt") == [
-        (4, 1.0), (9, 0.8), (14, 0.2), (19, 0.2)]
-    assert updater.skipped_steps == 11
+        (3, 1.0), (7, 0.0), (11, 0.25), (15, 0.25), (19, 0.25)]
+    assert updater.skipped_steps == 7
 
 
 def test_monitor_interval_one_writes_every_step_scale(tmp_path):
-    solver, loss = fp16_net()
+    net, solver = fp16_net()
     hook = LossScaleMonitor(Monitor(str(tmp_path)), interval=1)
-    updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 24, N=4, monitor=hook)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15, N=4,
+                                        monitor=hook)
     for _ in range(15):
         updater.update()
     expected = expected_fp16_steps(15)
@@ -103,34 +111,37 @@ def test_monitor_interval_one_writes_every_step_scale(tmp_path):
 
 
 def test_callback_receives_window_stats_with_scale_range():
-    solver, loss = fp16_net()
+    net, solver = fp16_net()
     seen = []
-    updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 24, N=4,
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15, N=4,
                                         monitor=LossScaleCallback(seen.append, interval=10))
     for _ in range(20):
         updater.update()
     assert [type(s) for s in seen] == [LossScaleStats, LossScaleStats]
     first, second = seen
+    # steps 0-9 skip 0, 1, 2, 3 and 8; steps 10-19 skip 13 and 18
     assert (first.step, first.steps, first.skipped, first.total_steps,
-            first.total_skipped) == (9, 10, 9, 10, 9)
-    assert (first.min_scale, first.max_scale) == (2.0 ** 15, 2.0 ** 24)
-    assert (first.scale, first.next_scale) == (2.0 ** 15, 2.0 ** 15)
-    assert first.overflow_rate == pytest.approx(0.9)
+            first.total_skipped) == (9, 10, 5, 10, 5)
+    assert (first.min_scale, first.max_scale) == (2.0 ** 11, 2.0 ** 15)
+    assert (first.scale, first.next_scale) == (2.0 ** 11, 2.0 ** 11)
+    assert first.overflow_rate == pytest.approx(0.5)
     assert (second.step, second.steps, second.skipped, second.total_steps,
-            second.total_skipped) == (19, 10, 2, 20, 11)
-    assert (second.min_scale, second.max_scale) == (2.0 ** 15, 2.0 ** 16)
+            second.total_skipped) == (19, 10, 2, 20, 7)
+    assert (second.min_scale, second.max_scale) == (2.0 ** 11, 2.0 ** 12)
     assert second.overflow_rate == pytest.approx(0.2)
 
 
 def test_hook_called_once_per_step_including_retries():
-    solver, loss = fp16_net()
+    net, solver = fp16_net()
     results = []
-    updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 24, N=4, max_retries=20,
-                                        monitor=results.append)
-    first = updater.update()          # nine skipped attempts, then the update at 2**15
-    assert first.attempts == 10 and not first.skipped
-    assert [r.step for r in results] == list(range(10))
-    assert [r.skipped for r in results] == [True] * 9 + [False]
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15, N=4,
+                                        max_retries=20, monitor=results.append)
+    first = updater.update()          # four skipped attempts, then the update at 2**11
+    assert first.attempts == 5 and not first.skipped and first.scale == 2.0 ** 11
+    assert net.calls == 5
+    assert [r.step for r in results] == list(range(5))
+    assert [r.skipped for r in results] == [True] * 4 + [False]
+    assert [r.scale for r in results] == [s for s, _ in expected_fp16_steps(5)]
     assert results[-1] is first
     assert updater.monitor == results.append
 
@@ -287,12 +298,12 @@ def test_stats_overflow_rate_and_pure_callback():
 def test_hook_sees_the_step_that_raises_the_collapse_error():
     from nnabla_mpt import LossScaleCollapseError
 
-    solver, loss = fp16_net()
+    net, solver = fp16_net(large={0, 1})
     results = []
-    updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 17, min_scale=2.0 ** 16,
-                                        monitor=results.append)
-    updater.update()                          # 2**17 overflows: back off to the floor
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15,
+                                        min_scale=2.0 ** 14, monitor=results.append)
+    updater.update()                          # 2**15 overflows: back off to the floor
     with pytest.raises(LossScaleCollapseError):
-        updater.update()                      # 2**16 overflows at min_scale
+        updater.update()                      # 2**14 overflows at min_scale
     assert [(r.step, r.skipped, r.scale) for r in results] == [
-        (0, True, 2.0 ** 17), (1, True, 2.0 ** 16)]
+        (0, True, 2.0 ** 15), (1, True, 2.0 ** 14)]
