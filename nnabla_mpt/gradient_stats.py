@@ -86,3 +86,22 @@ def _stats(size: int, kind, row: np.ndarray) -> GradientStats:
                          subnormal_fraction=subnormals / size,
                          nonfinite_fraction=nonfinite / size, max_abs=max_abs,
                          headroom=headroom)
+
+
+def overall(stats: Mapping[str, GradientStats]) -> GradientStats:
+    """The statistics of all the gradients together: fractions over every element, the
+    largest ``max_abs``, the smallest ``headroom``; ``dtype`` is the narrowest one."""
+    size = sum(s.size for s in stats.values())
+    if size == 0:
+        raise ValueError("overall() needs the statistics of at least one gradient, got none")
+
+    def fraction(field: str) -> float:
+        return sum(getattr(s, field) * s.size for s in stats.values()) / size
+
+    return GradientStats(size=size, dtype=min((s.dtype for s in stats.values()),
+                                              key=lambda d: FLOATS[d].max),
+                         zero_fraction=fraction("zero_fraction"),
+                         subnormal_fraction=fraction("subnormal_fraction"),
+                         nonfinite_fraction=fraction("nonfinite_fraction"),
+                         max_abs=max(s.max_abs for s in stats.values()),
+                         headroom=min(s.headroom for s in stats.values()))

@@ -26,11 +26,12 @@ Example:
 """
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from . import _validate as check
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .gradient_stats import GradientStats
     from .updater import StepResult
 
 
@@ -49,6 +50,8 @@ class LossScaleStats:
         next_scale: The loss scale of the step after the window.
         min_scale: The smallest loss scale a step of the window ran with.
         max_scale: The largest loss scale a step of the window ran with.
+        gradient_stats: The last gradient statistics a step of the window carried
+            (``StepResult.gradient_stats``, see ``gradient_stats_every``), or None.
     """
     step: int
     steps: int
@@ -59,6 +62,7 @@ class LossScaleStats:
     next_scale: float
     min_scale: float
     max_scale: float
+    gradient_stats: Optional[Dict[str, "GradientStats"]] = None
 
     @property
     def overflow_rate(self) -> float:
@@ -95,6 +99,7 @@ class LossScaleCallback:
         self._skipped = 0
         self._min = float("inf")
         self._max = float("-inf")
+        self._gradient_stats = None
 
     def __call__(self, result: "StepResult") -> None:
         """Counts one step; at the end of a window, calls the callback."""
@@ -112,6 +117,8 @@ class LossScaleCallback:
             self._min = scale
         if scale > self._max:
             self._max = scale
+        if result.gradient_stats is not None:
+            self._gradient_stats = result.gradient_stats
         if (result.step + 1) % self.interval == 0:
             self._emit()
 
@@ -131,7 +138,8 @@ class LossScaleCallback:
         stats = LossScaleStats(step=last.step, steps=self._steps, skipped=self._skipped,
                                total_steps=self.total_steps, total_skipped=self.total_skipped,
                                scale=last.scale, next_scale=last.next_scale,
-                               min_scale=self._min, max_scale=self._max)
+                               min_scale=self._min, max_scale=self._max,
+                               gradient_stats=self._gradient_stats)
         self._reset_window()
         self.callback(stats)
         return stats
@@ -151,6 +159,16 @@ class LossScaleMonitor(LossScaleCallback):
       (cumulative);
     * ``<prefix>-overflow-rate.series.txt``: fraction of the window's steps that overflowed.
 
+    When a step of the window carried gradient statistics (the updater's
+    ``gradient_stats_every``), three more, over all the parameters' gradients together
+    (the last statistics of the window):
+
+    * ``<prefix>-gradient-zero-fraction.series.txt``: fraction of gradient values that are
+      zero;
+    * ``<prefix>-gradient-subnormal-fraction.series.txt``: fraction that are subnormal;
+    * ``<prefix>-gradient-headroom.series.txt``: the smallest headroom of any parameter,
+      in powers of two (see :class:`~nnabla_mpt.GradientStats`).
+
     ``MonitorSeries`` writes values with ``%g``, that is six significant digits.
 
     Args:
@@ -165,7 +183,7 @@ class LossScaleMonitor(LossScaleCallback):
 
     def __init__(self, monitor: Any, interval: int = 100, prefix: str = "loss-scale",
                  verbose: bool = False) -> None:
-        from nnabla.monitor import Monitor, MonitorSeries
+        from nnabla.monitor import Monitor
 
         if not isinstance(monitor, Monitor):
             raise TypeError(f"monitor must be an nnabla.monitor.Monitor, got {monitor!r} of "
@@ -180,14 +198,29 @@ class LossScaleMonitor(LossScaleCallback):
         super().__init__(self._write, interval)
         self.monitor = monitor
         self.prefix = prefix
-        self.series = {
-            key: MonitorSeries(f"{prefix}-{key}", monitor, interval=1, verbose=verbose)
-            for key in ("scale", "skipped-steps", "overflow-rate")}
+        self._verbose = verbose
+        self.series = {}
+        for key in ("scale", "skipped-steps", "overflow-rate"):
+            self._add_series(key)
+
+    def _add_series(self, key: str) -> Any:
+        from nnabla.monitor import MonitorSeries
+        self.series[key] = MonitorSeries(f"{self.prefix}-{key}", self.monitor, interval=1,
+                                         verbose=self._verbose)
+        return self.series[key]
 
     def _write(self, stats: LossScaleStats) -> None:
-        for key, value in (("scale", stats.scale), ("skipped-steps", stats.total_skipped),
-                           ("overflow-rate", stats.overflow_rate)):
-            series = self.series[key]
+        values = [("scale", stats.scale), ("skipped-steps", stats.total_skipped),
+                  ("overflow-rate", stats.overflow_rate)]
+        if stats.gradient_stats:
+            from .gradient_stats import overall
+            together = overall(stats.gradient_stats)
+            values += [("gradient-zero-fraction", together.zero_fraction),
+                       ("gradient-subnormal-fraction", together.subnormal_fraction),
+                       ("gradient-headroom", together.headroom)]
+        for key, value in values:
+            # the gradient series appear with the first statistics
+            series = self.series.get(key) or self._add_series(key)
             # After a rewind the index may repeat; MonitorSeries would otherwise hold it back.
             series.flush_at = min(series.flush_at, stats.step - 1)
             series.add(stats.step, value)

@@ -1,0 +1,296 @@
+"""Measured loss scaling on real float16 graphs: the calibrated start (scale="auto"),
+measured growth, the gradient statistics, and their state across a checkpoint."""
+import logging
+import math
+
+import numpy as np
+import pytest
+
+import nnabla as nn
+import nnabla.functions as F
+from nnabla.logger import logger
+
+from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        LossScaleCollapseError)
+from nnabla_mpt.dtypes import FLOATS
+from nnabla_mpt.measured import MARGIN
+from support import Net, assert_bitwise_equal, assert_states_bitwise_equal, solver_states
+
+
+def largest_ratio_by_numpy(loss, params, scale):
+    """``R`` computed independently: a backward pass at ``scale`` read with NumPy, every
+    function's output gradient but the loss's own, and the parameters' gradients."""
+    ratios = []
+
+    def pre(f):
+        for v in f.outputs:
+            if v is not loss and hash(v) != hash(loss):
+                g = np.abs(np.asarray(v.g, dtype=np.float64))
+                if g.size and g.max() > 0:
+                    ratios.append(FLOATS[str(v.g.dtype)].max / g.max())
+
+    for v in params.values():
+        v.grad.zero()
+    loss.forward(clear_no_need_grad=False)
+    loss.backward(scale, clear_buffer=False, function_pre_hook=pre)
+    for v in params.values():
+        g = np.abs(np.asarray(v.g, dtype=np.float64))
+        if g.max() > 0:
+            ratios.append(FLOATS[str(v.g.dtype)].max / g.max())
+    for v in params.values():
+        v.grad.zero()
+    return min(ratios)
+
+
+def expected_start(ratio, probe=1.0, lower=1.0, upper=2.0 ** 15):
+    return min(max(2.0 ** math.floor(math.log2(probe * ratio / MARGIN)), lower), upper)
+
+
+@pytest.fixture
+def info_log(caplog):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    return caplog
+
+
+def messages(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "nnabla"
+            and r.getMessage().startswith("nnabla_mpt")]
+
+
+# -- scale="auto" ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("accum_grad", [1, 2])
+def test_auto_starts_at_the_measured_scale_and_steps_like_a_fixed_scale(accum_grad, info_log):
+    net = Net("half", hidden=8, scope="auto")
+    ref = Net("half", hidden=8, scope="ref")
+    ref.feed(0)
+    ratio = largest_ratio_by_numpy(ref.loss, ref.params, 1.0)
+    start = expected_start(ratio)
+    assert 1.0 < start < 2.0 ** 15                      # a real choice, not a bound
+
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale="auto", N=1000,
+                                        accum_grad=accum_grad)
+    result = updater.update()
+    assert (result.skipped, result.scale, result.next_scale) == (False, start, start)
+    assert net.calls == accum_grad                      # the calibration reused the batch
+    assert (updater.steps, updater.updates, updater.skipped_steps) == (1, 1, 0)
+    [line] = [m for m in messages(info_log) if "scale='auto'" in m]
+    assert f"starts at {start:g}" in line and "at scale 1 " in line
+
+    # Exactly what a fixed-scale step at that scale does on the same batches.
+    ref_solver = ref.solver("Adam", alpha=1e-2)
+    ref.calls = 0
+    FixedLossScalingUpdater(ref_solver, ref.loss, ref.feeder, scale=start,
+                            accum_grad=accum_grad).update()
+    # (parameter names are relative to each net's scope, so the two nets' names agree)
+    assert_bitwise_equal(net.snapshot(), ref.snapshot())
+    assert_states_bitwise_equal(solver_states(solver), solver_states(ref_solver))
+
+
+def test_auto_looks_higher_while_every_gradient_is_zero(info_log):
+    # A loss multiplied by 0: every gradient below it is zero at any scale. The probe goes
+    # up by 2**8 at a time (1, 256, then the bound 2**15) and, finding nothing there
+    # either, starts at the bound.
+    net = Net("half")
+    with nn.context_scope(net.ctx):
+        dead_loss = F.mul_scalar(net.loss, 0.0)
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), dead_loss, net.feeder,
+                                        scale="auto")
+    result = updater.update()
+    assert (result.skipped, result.scale) == (False, 2.0 ** 15)
+    [line] = [m for m in messages(info_log) if "scale='auto'" in m]
+    assert "at scale 32768 the largest gradient is 0," in line
+
+
+def test_auto_with_a_backward_non_finite_at_scale_one_is_a_collapse():
+    net = Net("half")
+    net.bad = {0}                       # an inf in the first batch: non-finite at any scale
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale="auto", min_scale=2.0)
+    with pytest.raises(LossScaleCollapseError) as info:
+        updater.update()
+    assert info.value.report.kind == "data"
+    assert updater.last_result.scale == 2.0 and updater.last_result.skipped
+    assert updater.last_report is info.value.report
+
+
+def test_a_resumed_run_does_not_calibrate_again(tmp_path, info_log):
+    net = Net("half", hidden=8)
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale="auto", N=2,
+                                        growth_mode="measured")
+    uninterrupted = [updater.update() for _ in range(6)]
+    params, states = net.snapshot(), solver_states(solver)
+
+    first = Net("half", hidden=8, scope="first")
+    first_solver = first.solver("Adam", alpha=1e-2)
+    a = DynamicLossScalingUpdater(first_solver, first.loss, first.feeder, scale="auto", N=2,
+                                  growth_mode="measured")
+    [a.update() for _ in range(3)]
+    a.save_checkpoint(str(tmp_path / "ckpt.npz"))
+    info_log.clear()
+
+    nn.clear_parameters()                                # as a new process would
+    second = Net("half", hidden=8, scope="first")
+    second.calls = 3
+    second_solver = second.solver("Adam", alpha=1e-2)
+    b = DynamicLossScalingUpdater(second_solver, second.loss, second.feeder, scale="auto",
+                                  N=2, growth_mode="measured")
+    b.load_checkpoint(str(tmp_path / "ckpt.npz"))
+    resumed = [b.update() for _ in range(3)]
+    assert not [m for m in messages(info_log) if "scale='auto'" in m]
+    assert second.calls == 6
+    assert [(r.step, r.skipped, r.scale, r.next_scale) for r in resumed] == [
+        (r.step, r.skipped, r.scale, r.next_scale) for r in uninterrupted[3:]]
+    assert_bitwise_equal(second.snapshot(), params)
+    assert_states_bitwise_equal(solver_states(second_solver), states)
+
+
+# -- measured growth ------------------------------------------------------------------------
+
+def test_measured_growth_grows_by_exactly_what_the_gradients_allow():
+    # lr=0 keeps the parameters, so a twin net measures each batch's R independently (with
+    # NumPy) at the scale the step runs with; N=1 makes every step a growth point.
+    net, twin = Net("half", scope="net"), Net("half", scope="twin")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
+                                        scale=4.0, N=1, growth_mode="measured")
+    scale, moves = 4.0, []
+    for i in range(12):
+        twin.feed(i)
+        room = largest_ratio_by_numpy(twin.loss, twin.params, scale) / MARGIN
+        k = math.floor(math.log2(room)) if room >= 1 else 0
+        expected = min(scale * 2.0 ** k, 2.0 ** 15)
+        result = updater.update()
+        assert (result.skipped, result.scale, result.next_scale) == (False, scale, expected), i
+        moves.append(expected / scale)
+        scale = expected
+    # both branches of the rule were taken, and a growth of several factors in one move
+    assert 1.0 in moves and max(moves) >= 2.0 ** 5
+
+
+def test_measured_growth_never_tries_a_growth_that_overflows_where_probe_does():
+    # Ordinary batches of the linear float16 net have gradients up to about 2 per unit of
+    # scale: 2**15 overflows some of them. Probe growth walks into it; measured growth
+    # stops where the gradients keep a margin of 8.
+    skipped = {}
+    for mode in ("probe", "measured"):
+        net = Net("half", scope=mode)
+        updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
+                                            scale=1024.0, N=2, growth_mode=mode)
+        skipped[mode] = [updater.update().skipped for _ in range(40)].count(True)
+        if mode == "measured":
+            assert updater.scale < 2.0 ** 15
+    assert skipped["probe"] >= 1 and skipped["measured"] == 0
+
+
+SPIKE = {10, 11, 12}          # steps whose batches are 60 times larger
+SPIKE_FACTOR = 60.0           # float16 gradients overflow above a scale of about 430
+
+
+def _spike_run(mode):
+    net = Net("half", scope=mode)
+
+    def feeder():
+        x, t = net.batch(net.calls)
+        net.x.d, net.t.d = (x * SPIKE_FACTOR if net.calls in SPIKE else x), t
+        net.calls += 1
+
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, feeder,
+                                        scale=2048.0, N=5, max_scale=2048.0,
+                                        growth_mode=mode)
+    return [updater.update() for _ in range(20)]
+
+
+def test_after_a_spike_measured_growth_comes_back_in_one_move():
+    for mode in ("probe", "measured"):
+        results = _spike_run(mode)
+        assert [r.step for r in results if r.skipped] == sorted(SPIKE), mode
+        assert [results[s].scale for s in sorted(SPIKE)] == [2048.0, 1024.0, 512.0], mode
+        assert results[13].scale == 256.0
+        # step 17 is the fifth good step after the spike: the first growth point
+        assert [r.next_scale for r in results[13:17]] == [256.0] * 4, mode
+        after = results[17].next_scale
+        if mode == "measured":
+            assert after >= 2048.0 / 2.0       # within one factor of the pre-spike scale
+        else:
+            assert after == 512.0              # one factor per growth point
+
+
+# -- gradient statistics --------------------------------------------------------------------
+
+def numpy_stats(net, batch, scale):
+    """Per parameter: (zero, subnormal, non-finite fractions, max |g|, headroom) of the
+    gradients a backward at ``scale`` on ``batch`` gives, read with NumPy."""
+    net.feed(batch)
+    for v in net.params.values():
+        v.grad.zero()
+    net.loss.forward()
+    net.loss.backward(scale)
+    out = {}
+    for name, v in net.params.items():
+        g = np.asarray(v.g)
+        kind = FLOATS[str(g.dtype)]
+        a = np.abs(g.astype(np.float64))
+        top = a.max()
+        headroom = math.inf if top == 0 else float(math.floor(math.log2(kind.max / top)))
+        out[name] = (np.mean(a == 0), np.mean((a > 0) & (a < kind.tiny)),
+                                      np.mean(~np.isfinite(g)), top, headroom)
+    return out
+
+
+def test_gradient_stats_every_k_steps_are_those_of_the_backward_pass():
+    # A scale of 2**-19 pushes float16 gradients to subnormals and zeros; lr=0 keeps
+    # the parameters, so a twin net reproduces each step's gradients with NumPy.
+    net, twin = Net("half", hidden=8, scope="net"), Net("half", hidden=8, scope="twin")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
+                                        scale=2.0 ** -19, min_scale=2.0 ** -20, N=1000,
+                                        gradient_stats_every=3)
+    seen = 0
+    for i in range(7):
+        result = updater.update()
+        if i % 3 != 2:
+            assert result.gradient_stats is None, i
+            continue
+        seen += 1
+        expected = numpy_stats(twin, i, 2.0 ** -19)
+        got = result.gradient_stats      # names relative to the scope, as the solver's
+        assert sorted(got) == sorted(expected)
+        for name, (zeros, subnormals, nonfinite, top, headroom) in expected.items():
+            s = got[name]
+            assert (s.zero_fraction, s.subnormal_fraction, s.nonfinite_fraction,
+                    s.max_abs, s.headroom, s.dtype) == pytest.approx(
+                        (zeros, subnormals, nonfinite, top, headroom, "float16")), name
+    assert seen == 2
+    assert any(s.subnormal_fraction > 0 for s in got.values())
+    assert any(s.zero_fraction > 0 for s in got.values())
+
+
+def test_loss_scale_monitor_writes_the_gradient_series(tmp_path):
+    from nnabla.monitor import Monitor
+
+    from nnabla_mpt import LossScaleMonitor
+    from nnabla_mpt.gradient_stats import overall
+
+    net = Net("half", hidden=8)
+    seen = []
+    monitor = LossScaleMonitor(Monitor(str(tmp_path)), interval=4)
+    updater = DynamicLossScalingUpdater(
+        net.solver("Sgd", lr=0.01), net.loss, net.feeder, scale=2.0 ** -8,
+        min_scale=2.0 ** -10, N=1000, gradient_stats_every=2,
+        monitor=lambda r: (seen.append(r), monitor(r)))
+    for _ in range(8):
+        updater.update()
+    written = {}
+    for key in ("zero-fraction", "subnormal-fraction", "headroom"):
+        lines = (tmp_path / f"loss-scale-gradient-{key}.series.txt").read_text().split("\n")
+        written[key] = [tuple(float(x) for x in line.split()) for line in lines if line]
+    for key, field in (("zero-fraction", "zero_fraction"),
+                       ("subnormal-fraction", "subnormal_fraction"),
+                       ("headroom", "headroom")):
+        # windows end at steps 3 and 7; their last statistics are those of steps 3 and 7
+        expected = [(step, getattr(overall(seen[step].gradient_stats), field))
+                    for step in (3, 7)]
+        assert [s for s, _ in written[key]] == [3.0, 7.0]
+        assert [v for _, v in written[key]] == pytest.approx(
+            [v for _, v in expected], rel=1e-5), key
