@@ -1,0 +1,83 @@
+"""MPI worker: measured loss scaling on a float16 network, a different batch on each rank.
+
+Usage: mpiexec -n N python measured.py OUTDIR
+
+Every rank trains the same float16 MLP (parameters broadcast from rank 0) with
+``scale="auto"``, ``growth_mode="measured"``, ``N=3`` and ``gradient_stats_every=4`` on its
+own batches; the last rank's inputs are 4 times larger (its gradients decide the scale),
+and at steps 6 and 7 they are 10 times larger again: its float16 gradients overflow, the scale
+backs off twice, and the next growth point measures its way back. Each rank also runs,
+in a separate scope and without the communicator, the calibration alone on its own first
+batch (``local_start``). Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla.ext_utils import get_extension_context
+
+from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from worker_common import save
+
+STEPS, SPIKE = 14, {6, 7}
+outdir = Path(sys.argv[1])
+comm = MPICommunicator()
+rank, size = comm.rank, comm.size
+nn.set_default_context(get_extension_context("cpu", type_config="half"))
+
+
+def batch(step):
+    data = np.random.RandomState(1000 * rank + step)
+    factor = 4.0 if rank == size - 1 else 1.0
+    if rank == size - 1 and step in SPIKE:
+        factor *= 10.0
+    return data.randn(4, 6) * factor, data.randn(4, 3)
+
+
+def build(scope):
+    x, t = nn.Variable((4, 6)), nn.Variable((4, 3))
+    with nn.parameter_scope(scope):
+        h = F.relu(PF.affine(x, 8, name="fc1"))
+        loss = F.mean(F.squared_error(PF.affine(h, 3, name="fc2"), t))
+        params = nn.get_parameters()
+    rng = np.random.RandomState(0)
+    for v in params.values():
+        v.d = rng.randn(*v.shape) * 0.5
+    solver = S.Sgd(lr=0.01)
+    solver.set_parameters(params)
+    return x, t, loss, params, solver
+
+
+# The calibration alone, on this rank's first batch.
+lx, lt, lloss, _, lsolver = build("alone")
+lx.d, lt.d = batch(0)
+local = DynamicLossScalingUpdater(lsolver, lloss, None, scale="auto")
+local_start = local.update().scale
+
+x, t, loss, params, solver = build("net")
+comm.broadcast_parameters(params)
+
+
+def feed():
+    x.d, t.d = batch(updater.steps)
+
+
+updater = DynamicLossScalingUpdater(solver, loss, feed, scale="auto", N=3,
+                                    growth_mode="measured", gradient_stats_every=4,
+                                    comm=comm, average_ranks=True)
+meta = {"rank": rank, "size": size, "local_start": local_start, "skipped": [], "scale": [],
+        "next_scale": [], "stats_steps": [], "stats_max_abs": []}
+for _ in range(STEPS):
+    r = updater.update()
+    meta["skipped"].append(bool(r.skipped))
+    meta["scale"].append(r.scale)
+    meta["next_scale"].append(r.next_scale)
+    if r.gradient_stats is not None:
+        meta["stats_steps"].append(r.step)
+        meta["stats_max_abs"].append(max(s.max_abs for s in r.gradient_stats.values()))
+save(outdir, rank, {f"param/{k}": v.d.copy() for k, v in params.items()}, meta)

@@ -1,0 +1,48 @@
+"""Measured loss scaling under real mpiexec runs: every rank starts at, and grows to, the
+same scale, decided by the largest gradient over the ranks."""
+import numpy as np
+
+from mpi_helpers import bits, ranks_fixture
+
+run = ranks_fixture("measured.py")
+
+
+def test_every_rank_starts_at_the_smallest_start_over_the_ranks(run):
+    n, res = run
+    starts = [meta["local_start"] for _, meta in res]
+    # the last rank's larger inputs make larger gradients: alone it would start lower
+    assert starts[-1] < max(starts[:-1])
+    for _, meta in res:
+        assert meta["scale"][0] == min(starts)
+        assert not meta["skipped"][0]
+
+
+def test_ranks_keep_identical_scales_and_parameters(run):
+    n, res = run
+    ref = res[0][1]
+    for r, (npz, meta) in enumerate(res):
+        assert (meta["skipped"], meta["scale"], meta["next_scale"]) == (
+            ref["skipped"], ref["scale"], ref["next_scale"]), f"rank {r}"
+        for k in (k for k in npz if k.startswith("param/")):
+            np.testing.assert_array_equal(bits(npz[k]), bits(res[0][0][k]),
+                                          err_msg=f"{k} on rank {r}")
+
+
+def test_the_spike_backs_off_and_measured_growth_returns_in_one_move(run):
+    n, res = run
+    meta = res[0][1]
+    assert [i for i, s in enumerate(meta["skipped"]) if s] == [6, 7]
+    before, low = meta["scale"][6], meta["next_scale"][7]
+    assert low == before / 4
+    # three good steps after the spike (8, 9, 10): step 10 is the first growth point
+    assert meta["next_scale"][8:10] == [low, low]
+    assert meta["next_scale"][10] >= before / 2
+
+
+def test_gradient_statistics_are_each_ranks_own(run):
+    n, res = run
+    for _, meta in res:
+        assert meta["stats_steps"] == [3, 7, 11]
+    # before the all-reduce the gradients differ: the last rank's are the largest
+    largest = [meta["stats_max_abs"][0] for _, meta in res]
+    assert largest[-1] > max(largest[:-1])
