@@ -17,8 +17,9 @@ def test_shown_output_is_what_the_training_loop_prints(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip("\n") == shown[0]
-    # The prose explains these lines; keep it honest about the first skips.
-    assert shown[0].startswith("step 0: overflow at scale 65536, skipped; next scale 32768")
+    # The prose explains these lines: a measured start, measured growth, nothing skipped.
+    assert shown[0].startswith("step 0: scale 2048; next scale 2048")
+    assert ", 0 skipped," in shown[0].splitlines()[-1]
 
 
 def test_checkpoint_example_runs_alone_and_resumes_exactly(tmp_path):
