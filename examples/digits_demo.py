@@ -59,8 +59,8 @@ At the end the program prints
   and afterwards,
 * the last gradient statistics (zero %, subnormal %, headroom),
 
-and writes ``digits_fp16.png`` (loss and loss scale over the steps, skipped
-steps marked) and ``summary.json`` (the same numbers,
+and writes ``digits_fp16.png`` (loss, loss scale and the gradient statistics over
+the steps, skipped steps marked) and ``summary.json`` (the same numbers,
 machine-readable; an infinite headroom is ``null`` there) to ``--out`` (default
 ``runs/digits``), with ``nnabla.monitor`` series in ``OUT/monitor``.
 
@@ -385,43 +385,89 @@ def smooth(values, window):
     return out
 
 
+def plot_loss(ax, steps, fp16, ref, skipped):
+    """Panel 1: the training loss of both runs, raw and smoothed, skipped steps marked."""
+    window = max(1, len(steps) // 50)
+    ax.plot(steps, fp16["loss"], color="tab:blue", alpha=0.25, lw=0.8)
+    ax.plot(steps, ref["loss"], color="tab:orange", alpha=0.25, lw=0.8)
+    ax.plot(steps, smooth(fp16["loss"], window), color="tab:blue",
+            label="fp16 + dynamic loss scaling")
+    ax.plot(steps, smooth(ref["loss"], window), color="tab:orange", label="float")
+    ax.scatter(steps[skipped], np.asarray(fp16["loss"])[skipped], marker="x",
+               color="tab:red", zorder=3, label="skipped step (fp16)")
+    ax.set_yscale("log")
+    ax.set_ylabel("training loss per example")
+    ax.legend(loc="upper right")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_scale(ax, steps, fp16, skipped):
+    """Panel 2: the loss scale (log2 y), overflows and growth points that held marked."""
+    scale = np.asarray(fp16["scale"])
+    held = np.array(growth_summary(fp16)["held_at"], dtype=np.int64)
+    ax.step(steps, scale, where="post", color="tab:green", label="loss scale used")
+    ax.scatter(steps[skipped], scale[skipped], marker="x", color="tab:red", zorder=3,
+               label="overflow: step skipped")
+    if len(held):
+        ax.scatter(held, scale[held], marker="o", facecolors="none", color="tab:gray",
+                   zorder=3, label="growth due, scale held")
+    ax.axhline(FP16_MAX, color="gray", ls="--", lw=0.8, label="largest fp16 number (65504)")
+    ax.set_yscale("log", base=2)
+    ax.set_ylabel("loss scale")
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_gradients(ax, fp16):
+    """Panel 3: zero and subnormal fractions of all gradients (left, %, symlog) and the
+    smallest headroom over the parameters (right, powers of two), at each statistics
+    step. An infinite headroom (all gradients zero, or inf/NaN on a skipped step) is left
+    out."""
+    from matplotlib.ticker import MaxNLocator
+
+    records = fp16["gradient_stats"]
+    ax.set_ylabel("fp16 gradient values (%)")
+    ax.grid(True, which="both", alpha=0.3)
+    if not records:
+        ax.text(0.5, 0.5, "no gradient statistics (fewer steps than --stats-every)",
+                ha="center", va="center", transform=ax.transAxes)
+        return
+    at = [r["step"] for r in records]
+    zero = [100 * r["overall"]["zero_fraction"] for r in records]
+    subnormal = [100 * r["overall"]["subnormal_fraction"] for r in records]
+    room = np.array([r["overall"]["headroom"] for r in records], dtype=np.float64)
+    room[~np.isfinite(room)] = np.nan
+    lines = ax.plot(at, zero, "o-", color="tab:purple", ms=3, label="zero (%)")
+    lines += ax.plot(at, subnormal, "s-", color="tab:brown", ms=3, label="subnormal (%)")
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_ylim(0, 100)
+    twin = ax.twinx()
+    lines += twin.plot(at, room, "^--", color="tab:cyan", ms=4,
+                       label="headroom: smallest over the parameters")
+    twin.set_ylabel("headroom (powers of 2)")
+    twin.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if np.isfinite(room).any():
+        twin.set_ylim(min(0, np.nanmin(room)) - 0.5, np.nanmax(room) + 1.5)
+    ax.legend(lines, [line.get_label() for line in lines], loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize="small", frameon=False)
+
+
 def plot(path, fp16, ref, title):
-    """Two panels over the steps: loss (fp16 and float) and the loss scale (log y)."""
+    """Three panels over the steps: the loss (fp16 and float), the loss scale (log y) and
+    the fp16 gradient statistics."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = np.arange(len(fp16["loss"]))
     skipped = np.array(fp16["skipped"], dtype=bool)
-    window = max(1, len(steps) // 50)
-
-    fig, (ax_loss, ax_scale) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True,
-                                            gridspec_kw={"height_ratios": [3, 2]})
-    ax_loss.plot(steps, fp16["loss"], color="tab:blue", alpha=0.25, lw=0.8)
-    ax_loss.plot(steps, ref["loss"], color="tab:orange", alpha=0.25, lw=0.8)
-    ax_loss.plot(steps, smooth(fp16["loss"], window), color="tab:blue",
-                 label="fp16 + dynamic loss scaling")
-    ax_loss.plot(steps, smooth(ref["loss"], window), color="tab:orange", label="float")
-    ax_loss.scatter(steps[skipped], np.asarray(fp16["loss"])[skipped], marker="x",
-                    color="tab:red", zorder=3, label="skipped step (fp16)")
-    ax_loss.set_yscale("log")
-    ax_loss.set_ylabel("training loss per example")
+    fig, (ax_loss, ax_scale, ax_grad) = plt.subplots(
+        3, 1, figsize=(9, 9.5), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]})
+    plot_loss(ax_loss, steps, fp16, ref, skipped)
     ax_loss.set_title(title)
-    ax_loss.legend(loc="upper right")
-    ax_loss.grid(True, which="both", alpha=0.3)
-
-    ax_scale.step(steps, fp16["scale"], where="post", color="tab:green",
-                  label="loss scale used")
-    ax_scale.scatter(steps[skipped], np.asarray(fp16["scale"])[skipped], marker="x",
-                     color="tab:red", zorder=3, label="overflow: step skipped")
-    ax_scale.axhline(FP16_MAX, color="gray", ls="--", lw=0.8,
-                     label="largest fp16 number (65504)")
-    ax_scale.set_yscale("log", base=2)
-    ax_scale.set_ylabel("loss scale")
-    ax_scale.set_xlabel("step")
-    ax_scale.legend(loc="lower right")
-    ax_scale.grid(True, which="both", alpha=0.3)
-
+    plot_scale(ax_scale, steps, fp16, skipped)
+    plot_gradients(ax_grad, fp16)
+    ax_grad.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -179,7 +179,8 @@ def test_report_and_plot(short_run):
     assert len(data) > 1000
     assert data[:8] == PNG_SIGNATURE
     width, height = struct.unpack(">II", data[16:24])  # IHDR
-    assert data[12:16] == b"IHDR" and width >= 600 and height >= 400
+    # three panels: loss, loss scale, gradient statistics (9 x 9.5 inches at 100 dpi)
+    assert data[12:16] == b"IHDR" and width >= 600 and height >= 900
 
 
 def test_mean_loss_never_tries_a_scale_fp16_cannot_seed(tmp_path):
@@ -286,6 +287,28 @@ def test_gradient_summary_is_valid_json():
     assert "headroom -inf: a gradient holds inf/NaN" in demo.describe_gradients(summary)
     assert "at step 19 (skipped)" in demo.describe_gradients(summary)
     assert demo.gradient_summary({"gradient_stats": []}, 10)["last"] is None
+
+
+def test_plot_has_a_gradient_statistics_panel(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    demo = load_demo_module()
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figures.append)
+    steps = 40
+    fp16 = {"loss": list(np.linspace(2.0, 0.1, steps)), "scale": [8.0] * steps,
+            "next_scale": [8.0] * steps, "skipped": [False] * steps,
+            "precision": ["half"] * steps, "growth_due": [False] * steps,
+            "gradient_stats": [gradient_record(19, 3.0), gradient_record(39, 2.0)]}
+    demo.plot(str(tmp_path / "p.png"), fp16, {"loss": fp16["loss"]}, "title")
+    (fig,) = figures
+    loss, scale, grads, headroom = fig.axes          # the headroom on a twin axis
+    assert grads.get_ylabel() == "fp16 gradient values (%)"
+    assert headroom.get_ylabel() == "headroom (powers of 2)"
+    assert [t.get_text() for t in grads.get_legend().get_texts()] == [
+        "zero (%)", "subnormal (%)", "headroom: smallest over the parameters"]
+    assert list(headroom.lines[0].get_ydata()) == [3.0, 2.0]
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    close(fig)
 
 
 def test_precision_schedule_flag(tmp_path):
