@@ -511,8 +511,9 @@ def describe_gradients(gs):
         params = last["parameters"]
         lowest = [name for name, s in sorted(params.items())
                   if s["headroom"] == last["headroom"]]
-        room = "{:g} powers of two (in {})".format(
-            last["headroom"], lowest[0] if len(lowest) == 1 else
+        room = "{:g} {} of two (in {})".format(
+            last["headroom"], "power" if last["headroom"] == 1 else "powers",
+            lowest[0] if len(lowest) == 1 else
             "{} of the {} parameters".format(len(lowest), len(params)))
     return ("gradient statistics (every {} steps), last at step {}{}: {:.2f}% zero, "
             "{:.2f}% subnormal, headroom {}".format(

@@ -172,7 +172,7 @@ def test_report_and_plot(short_run):
     assert ("gradient statistics (every 50 steps), last at step 99: {:.2f}% zero, {:.2f}% "
             "subnormal".format(100 * last["zero_fraction"],
                                100 * last["subnormal_fraction"])) in stdout
-    assert "headroom {:g} powers of two".format(last["headroom"]) in stdout
+    assert "headroom {:g} power".format(last["headroom"]) in stdout
     png = out / "digits_fp16.png"
     assert summary["files"]["plot"] == str(png)
     data = png.read_bytes()
@@ -286,6 +286,8 @@ def test_gradient_summary_is_valid_json():
     assert summary["last"]["headroom"] is None and summary["last"]["max_abs"] is None
     assert "headroom -inf: a gradient holds inf/NaN" in demo.describe_gradients(summary)
     assert "at step 19 (skipped)" in demo.describe_gradients(summary)
+    one = demo.gradient_summary({"gradient_stats": [gradient_record(9, 1.0)]}, 10)
+    assert "headroom 1 power of two (in w)" in demo.describe_gradients(one)
     assert demo.gradient_summary({"gradient_stats": []}, 10)["last"] is None
 
 
