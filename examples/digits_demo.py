@@ -16,34 +16,58 @@ scaling that makes fp16 training work).
 How the loss scale moves: the updater multiplies the loss by the scale before
 the fp16 backward pass, so small gradients do not vanish below fp16's smallest
 numbers. When any gradient overflows (``inf``/``nan``), the step is *skipped*
-(parameters and solver state untouched) and the scale is halved; after
-``--interval`` clean steps in a row the scale is doubled to try a larger one.
+(parameters and solver state untouched) and the scale is halved. By default the
+scale is measured rather than guessed:
+
+* ``--scale auto``: the first step's backward pass is watched on its own batch, and
+  the scale starts at the largest power of two that keeps every gradient 8 times
+  below fp16's largest number (65504); a number starts there instead;
+* ``--growth-mode measured``: after ``--interval`` clean steps in a row the backward
+  pass is watched again, and the scale grows by as many doublings as the gradients
+  leave room for (8 times below 65504), possibly none: the scale *holds*, and no
+  step is lost to a growth that would overflow. ``--growth-mode probe`` doubles it
+  every time and lets the next steps find out; with ``--scale 32768`` that is the
+  classic scheme: start high, back off on the first overflows, probe upwards.
+
+No scale above 2**15 is ever used: ``loss.backward(scale)`` seeds the pass in
+fp16, where 2**16 is already ``inf`` (a larger ``--scale`` is lowered to 2**15).
 
 The loss here is the *sum* of the per-example cross-entropies over the batch
 (the learning rate is divided by the batch size, so the updates equal those of
 the mean loss). That makes the gradients ``batch size`` times larger, so it is
 the network's own gradients that decide how large the scale can be, as in
-larger models: the scale starts high (2**15), comes down while the early
-gradients are large, and climbs again as the loss falls, probing upwards every
-``--interval`` steps. With ``--reduction mean`` the gradients stay far below the
-fp16 limit and the only thing that overflows is the scale itself: the loss
-gradient that enters the fp16 graph *is* the scale, and 2**16 is already
-``inf`` in fp16 (its largest finite number is 65504).
+larger models. It also makes each per-example loss's gradient the scale itself,
+so measured growth, which keeps every gradient of the pass 8 times below 65504,
+stops at 4096 (2**15 / 8). With ``--reduction mean`` the gradients stay far below
+the fp16 limit and what bounds the scale is fp16 itself, at 2**15.
+
+Every ``--stats-every`` steps the updater also reports statistics of the fp16
+gradients as the backward pass produced them (scaled): the fraction of values
+that are zero, the fraction that are subnormal (below 2**-14, losing precision
+on the way to zero) and the headroom, how many doublings the scale could take
+before the largest parameter gradient overflows. On this network about a quarter
+of the gradient values are exactly zero in float too (ReLUs that are off, pixels
+blank in the whole batch); the subnormal fraction is the one that shows small
+gradients being lost.
 
 At the end the program prints
 
 * the test accuracy of the fp16 run next to the float run,
-* the loss-scale trajectory (initial, min, max, final and every change),
+* the loss-scale trajectory (initial, and how it was chosen, min, max, final and
+  every change) and the growth points (how many grew, how many held),
 * how many steps were skipped during warm-up (before the first applied update)
   and afterwards,
+* the last gradient statistics (zero %, subnormal %, headroom),
 
-and writes ``digits_fp16.png`` (loss and loss scale over the steps, skipped
-steps marked) and ``summary.json`` (the same numbers, machine-readable) to
-``--out`` (default ``runs/digits``).
+and writes ``digits_fp16.png`` (loss, loss scale and the gradient statistics over
+the steps, skipped steps marked) and ``summary.json`` (the same numbers,
+machine-readable; an infinite headroom is ``null`` there) to ``--out`` (default
+``runs/digits``), with ``nnabla.monitor`` series in ``OUT/monitor``.
 
 Run it with ``python examples/digits_demo.py`` (``--help`` lists the options).
 """
 import argparse
+import dataclasses
 import json
 import os
 import textwrap
@@ -60,6 +84,7 @@ from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
 from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater
+from nnabla_mpt.gradient_stats import overall
 
 
 # --------------------------------------------------------------------------- data
@@ -157,23 +182,73 @@ def make_solver(ctx, scope, lr):
 
 # ----------------------------------------------------------------------- training
 
-def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, progress=True,
+def updater_options(schedule, steps, monitor_dir, monitor_interval):
+    """The updater's keywords for the precision schedule and the monitor.
+
+    Returns:
+        (options, hook, loss_series): the keywords, the :class:`LossScaleMonitor`
+        (or None) and the ``training-loss`` series next to it (or None).
+    """
+    options, hook, loss_series = {}, None, None
+    if schedule is not None:
+        trigger = schedule["mode"].split("|")[1].strip()
+        options = dict(accelerate_train_mode=schedule["mode"],
+                       high_precision_loss=schedule["graph"]["loss"],
+                       total_steps=steps if trigger == "step" else None,
+                       final_loss=schedule["final_loss"])
+    if monitor_dir is not None:
+        from nnabla.monitor import Monitor, MonitorSeries
+        from nnabla_mpt import LossScaleMonitor
+        monitor = Monitor(monitor_dir)
+        hook = LossScaleMonitor(monitor, interval=monitor_interval)
+        loss_series = MonitorSeries("training-loss", monitor, interval=monitor_interval,
+                                    verbose=False)
+        options["monitor"] = hook
+    return options, hook, loss_series
+
+
+def record_step(history, result, growth_due, loss):
+    """Appends one step's :class:`StepResult` (and its loss per example) to ``history``.
+
+    ``growth_due`` is whether the policy was at the end of a growth interval before the
+    step (``policy.growth_due``): a good fp16 step there is a growth point, where the
+    scale grew or held. Gradient statistics, on the steps that carry them, are kept per
+    parameter and over all parameters (``nnabla_mpt.gradient_stats.overall``).
+    """
+    history["loss"].append(loss)
+    history["scale"].append(float(result.scale))
+    history["next_scale"].append(float(result.next_scale))
+    history["skipped"].append(bool(result.skipped))
+    history["precision"].append(result.precision)
+    history["growth_due"].append(bool(growth_due))
+    if result.gradient_stats:
+        history["gradient_stats"].append({
+            "step": result.step, "skipped": bool(result.skipped),
+            "overall": dataclasses.asdict(overall(result.gradient_stats)),
+            "parameters": {name: dataclasses.asdict(s)
+                           for name, s in result.gradient_stats.items()}})
+
+
+def train_fp16(graph, solver, stream, steps, scaling, loss_divisor=1, progress=True,
                schedule=None, monitor_dir=None, monitor_interval=50):
     """Trains with :class:`DynamicLossScalingUpdater`; returns the per-step history.
 
-    The history holds, per step, the loss divided by ``loss_divisor`` (the batch
-    size for a summed loss: the loss per example), the scale the step ran with,
-    the scale of the next step, whether the step was skipped and the precision it
-    ran in.
+    ``scaling`` holds the updater's keywords ``scale`` (a number or ``"auto"``), ``N``,
+    ``growth_mode`` and ``gradient_stats_every``. The history holds, per step, the loss
+    divided by ``loss_divisor`` (the batch size for a summed loss: the loss per
+    example), the scale the step ran with, the scale of the next step, whether the step
+    was skipped, the precision it ran in and whether growth was due; and the gradient
+    statistics of the steps that carry them (see :func:`record_step`).
 
-    With ``monitor_dir``, the loss scale, the skipped steps and the overflow rate are
-    written every ``monitor_interval`` steps as ``nnabla.monitor`` series there
-    (``loss-scale-scale.series.txt`` and siblings), next to the training loss.
+    With ``monitor_dir``, the loss scale, the skipped steps, the overflow rate and the
+    gradient statistics are written every ``monitor_interval`` steps as
+    ``nnabla.monitor`` series there (``loss-scale-scale.series.txt`` and siblings), next
+    to the training loss.
 
-    ``schedule`` optionally switches to full precision for the end of training: a
-    dict with ``mode`` (``accelerate_train_mode``), ``graph`` (the same network
-    built under the float context, sharing the parameters) and ``final_loss``
-    (the target of a ``loss`` trigger, or None).
+    ``schedule`` optionally switches to full precision for the end of training: a dict
+    with ``mode`` (``accelerate_train_mode``), ``graph`` (the same network built under
+    the float context, sharing the parameters) and ``final_loss`` (the target of a
+    ``loss`` trigger, or None).
     """
     from tqdm import tqdm
 
@@ -183,34 +258,17 @@ def train_fp16(graph, solver, stream, steps, scale, interval, loss_divisor=1, pr
         if schedule is not None:
             schedule["graph"]["x"].d, schedule["graph"]["t"].d = x, t
 
-    options = {}
-    if schedule is not None:
-        trigger = schedule["mode"].split("|")[1].strip()
-        options = dict(accelerate_train_mode=schedule["mode"],
-                       high_precision_loss=schedule["graph"]["loss"],
-                       total_steps=steps if trigger == "step" else None,
-                       final_loss=schedule["final_loss"])
-    hook, loss_series = None, None
-    if monitor_dir is not None:
-        from nnabla.monitor import Monitor, MonitorSeries
-        from nnabla_mpt import LossScaleMonitor
-        monitor = Monitor(monitor_dir)
-        hook = LossScaleMonitor(monitor, interval=monitor_interval)
-        loss_series = MonitorSeries("training-loss", monitor, interval=monitor_interval,
-                                    verbose=False)
-        options["monitor"] = hook
-    updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, scale=scale, N=interval,
-                                        **options)
-    history = {"loss": [], "scale": [], "next_scale": [], "skipped": [], "precision": []}
+    options, hook, loss_series = updater_options(schedule, steps, monitor_dir,
+                                                 monitor_interval)
+    updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, **scaling, **options)
+    history = {"loss": [], "scale": [], "next_scale": [], "skipped": [], "precision": [],
+               "growth_due": [], "gradient_stats": []}
     bar = tqdm(range(steps), desc="fp16 ", disable=not progress, dynamic_ncols=True)
     for _ in bar:
+        growth_due = updater.policy.growth_due
         result = updater.update()
         ran = graph if result.precision == "half" else schedule["graph"]
-        history["loss"].append(float(ran["loss"].d) / loss_divisor)
-        history["scale"].append(float(result.scale))
-        history["next_scale"].append(float(result.next_scale))
-        history["skipped"].append(bool(result.skipped))
-        history["precision"].append(result.precision)
+        record_step(history, result, growth_due, float(ran["loss"].d) / loss_divisor)
         if loss_series is not None:
             loss_series.add(result.step, history["loss"][-1])
         bar.set_postfix(loss="{:.3f}".format(history["loss"][-1]),
@@ -271,6 +329,51 @@ def skipped_summary(history):
             "first_update_step": first_update, "steps": skipped}
 
 
+def growth_summary(history):
+    """The growth points and what the scale did at each: grew, or held.
+
+    A growth point is a good fp16 step that ended a growth interval (``--interval``
+    good steps in a row). In ``measured`` mode the scale holds there when the
+    gradients leave no room for a doubling; in ``probe`` mode it holds only at its
+    upper bound (2**15 in fp16).
+    """
+    grew, held = [], []
+    for i, due in enumerate(history["growth_due"]):
+        if due and not history["skipped"][i] and history["precision"][i] == "half":
+            (grew if history["next_scale"][i] > history["scale"][i] else held).append(i)
+    return {"points": len(grew) + len(held), "grew": len(grew), "held": len(held),
+            "grew_at": grew, "held_at": held}
+
+
+def json_number(value):
+    """A float for summary.json: inf and NaN (which JSON lacks) become None."""
+    return float(value) if np.isfinite(value) else None
+
+
+def gradient_summary(history, every):
+    """The gradient statistics over the run, for summary.json.
+
+    ``series`` has, per record, the statistics over all gradients; ``last`` is the last
+    record with each parameter's own. A headroom of None is an all-zero gradient set
+    (infinite headroom) or, on a skipped step, one holding inf/NaN (``nonfinite_fraction``
+    > 0 tells which).
+    """
+    keys = ("zero_fraction", "subnormal_fraction", "nonfinite_fraction", "max_abs",
+            "headroom")
+
+    def numbers(stats):
+        return {k: json_number(stats[k]) for k in keys}
+
+    series = [dict(step=r["step"], skipped=r["skipped"], **numbers(r["overall"]))
+              for r in history["gradient_stats"]]
+    last = None
+    if history["gradient_stats"]:
+        record = history["gradient_stats"][-1]
+        last = dict(series[-1], parameters={name: numbers(s) for name, s
+                                            in record["parameters"].items()})
+    return {"every": every, "records": len(series), "series": series, "last": last}
+
+
 def smooth(values, window):
     """Trailing moving average (same length as ``values``)."""
     values = np.asarray(values, dtype=np.float64)
@@ -282,43 +385,89 @@ def smooth(values, window):
     return out
 
 
+def plot_loss(ax, steps, fp16, ref, skipped):
+    """Panel 1: the training loss of both runs, raw and smoothed, skipped steps marked."""
+    window = max(1, len(steps) // 50)
+    ax.plot(steps, fp16["loss"], color="tab:blue", alpha=0.25, lw=0.8)
+    ax.plot(steps, ref["loss"], color="tab:orange", alpha=0.25, lw=0.8)
+    ax.plot(steps, smooth(fp16["loss"], window), color="tab:blue",
+            label="fp16 + dynamic loss scaling")
+    ax.plot(steps, smooth(ref["loss"], window), color="tab:orange", label="float")
+    ax.scatter(steps[skipped], np.asarray(fp16["loss"])[skipped], marker="x",
+               color="tab:red", zorder=3, label="skipped step (fp16)")
+    ax.set_yscale("log")
+    ax.set_ylabel("training loss per example")
+    ax.legend(loc="upper right")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_scale(ax, steps, fp16, skipped):
+    """Panel 2: the loss scale (log2 y), overflows and growth points that held marked."""
+    scale = np.asarray(fp16["scale"])
+    held = np.array(growth_summary(fp16)["held_at"], dtype=np.int64)
+    ax.step(steps, scale, where="post", color="tab:green", label="loss scale used")
+    ax.scatter(steps[skipped], scale[skipped], marker="x", color="tab:red", zorder=3,
+               label="overflow: step skipped")
+    if len(held):
+        ax.scatter(held, scale[held], marker="o", facecolors="none", color="tab:gray",
+                   zorder=3, label="growth due, scale held")
+    ax.axhline(FP16_MAX, color="gray", ls="--", lw=0.8, label="largest fp16 number (65504)")
+    ax.set_yscale("log", base=2)
+    ax.set_ylabel("loss scale")
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_gradients(ax, fp16):
+    """Panel 3: zero and subnormal fractions of all gradients (left, %, symlog) and the
+    smallest headroom over the parameters (right, powers of two), at each statistics
+    step. An infinite headroom (all gradients zero, or inf/NaN on a skipped step) is left
+    out."""
+    from matplotlib.ticker import MaxNLocator
+
+    records = fp16["gradient_stats"]
+    ax.set_ylabel("fp16 gradient values (%)")
+    ax.grid(True, which="both", alpha=0.3)
+    if not records:
+        ax.text(0.5, 0.5, "no gradient statistics (fewer steps than --stats-every)",
+                ha="center", va="center", transform=ax.transAxes)
+        return
+    at = [r["step"] for r in records]
+    zero = [100 * r["overall"]["zero_fraction"] for r in records]
+    subnormal = [100 * r["overall"]["subnormal_fraction"] for r in records]
+    room = np.array([r["overall"]["headroom"] for r in records], dtype=np.float64)
+    room[~np.isfinite(room)] = np.nan
+    lines = ax.plot(at, zero, "o-", color="tab:purple", ms=3, label="zero (%)")
+    lines += ax.plot(at, subnormal, "s-", color="tab:brown", ms=3, label="subnormal (%)")
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_ylim(0, 100)
+    twin = ax.twinx()
+    lines += twin.plot(at, room, "^--", color="tab:cyan", ms=4,
+                       label="headroom: smallest over the parameters")
+    twin.set_ylabel("headroom (powers of 2)")
+    twin.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if np.isfinite(room).any():
+        twin.set_ylim(min(0, np.nanmin(room)) - 0.5, np.nanmax(room) + 1.5)
+    ax.legend(lines, [line.get_label() for line in lines], loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize="small", frameon=False)
+
+
 def plot(path, fp16, ref, title):
-    """Two panels over the steps: loss (fp16 and float) and the loss scale (log y)."""
+    """Three panels over the steps: the loss (fp16 and float), the loss scale (log y) and
+    the fp16 gradient statistics."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = np.arange(len(fp16["loss"]))
     skipped = np.array(fp16["skipped"], dtype=bool)
-    window = max(1, len(steps) // 50)
-
-    fig, (ax_loss, ax_scale) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True,
-                                            gridspec_kw={"height_ratios": [3, 2]})
-    ax_loss.plot(steps, fp16["loss"], color="tab:blue", alpha=0.25, lw=0.8)
-    ax_loss.plot(steps, ref["loss"], color="tab:orange", alpha=0.25, lw=0.8)
-    ax_loss.plot(steps, smooth(fp16["loss"], window), color="tab:blue",
-                 label="fp16 + dynamic loss scaling")
-    ax_loss.plot(steps, smooth(ref["loss"], window), color="tab:orange", label="float")
-    ax_loss.scatter(steps[skipped], np.asarray(fp16["loss"])[skipped], marker="x",
-                    color="tab:red", zorder=3, label="skipped step (fp16)")
-    ax_loss.set_yscale("log")
-    ax_loss.set_ylabel("training loss per example")
+    fig, (ax_loss, ax_scale, ax_grad) = plt.subplots(
+        3, 1, figsize=(9, 9.5), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]})
+    plot_loss(ax_loss, steps, fp16, ref, skipped)
     ax_loss.set_title(title)
-    ax_loss.legend(loc="upper right")
-    ax_loss.grid(True, which="both", alpha=0.3)
-
-    ax_scale.step(steps, fp16["scale"], where="post", color="tab:green",
-                  label="loss scale used")
-    ax_scale.scatter(steps[skipped], np.asarray(fp16["scale"])[skipped], marker="x",
-                     color="tab:red", zorder=3, label="overflow: step skipped")
-    ax_scale.axhline(FP16_MAX, color="gray", ls="--", lw=0.8,
-                     label="largest fp16 number (65504)")
-    ax_scale.set_yscale("log", base=2)
-    ax_scale.set_ylabel("loss scale")
-    ax_scale.set_xlabel("step")
-    ax_scale.legend(loc="lower right")
-    ax_scale.grid(True, which="both", alpha=0.3)
-
+    plot_scale(ax_scale, steps, fp16, skipped)
+    plot_gradients(ax_grad, fp16)
+    ax_grad.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -339,11 +488,67 @@ def format_changes(changes, limit=40, width=88):
                          initial_indent="    ", subsequent_indent="    ")
 
 
+def describe_start(requested, initial):
+    """Where the first scale came from, for the report."""
+    if requested == "auto":
+        return "chosen by --scale auto from the first batch's gradients"
+    if requested != initial:
+        return "--scale {} lowered to {}: fp16 cannot seed a larger scale".format(
+            format_scale(requested), format_scale(initial))
+    return "--scale {}".format(format_scale(requested))
+
+
+def describe_gradients(gs):
+    """The last gradient statistics, or why there are none."""
+    if gs["last"] is None:
+        return "gradient statistics: none (every {} steps, the run is shorter)".format(
+            gs["every"])
+    last = gs["last"]
+    if last["headroom"] is None:
+        room = ("-inf: a gradient holds inf/NaN" if last["nonfinite_fraction"]
+                else "inf: every gradient is zero")
+    else:
+        params = last["parameters"]
+        lowest = [name for name, s in sorted(params.items())
+                  if s["headroom"] == last["headroom"]]
+        room = "{:g} {} of two (in {})".format(
+            last["headroom"], "power" if last["headroom"] == 1 else "powers",
+            lowest[0] if len(lowest) == 1 else
+            "{} of the {} parameters".format(len(lowest), len(params)))
+    return ("gradient statistics (every {} steps), last at step {}{}: {:.2f}% zero, "
+            "{:.2f}% subnormal, headroom {}".format(
+                gs["every"], last["step"], " (skipped)" if last["skipped"] else "",
+                100 * last["zero_fraction"], 100 * last["subnormal_fraction"], room))
+
+
+def wrap(text, width=88):
+    """One report item: indented by two, continued by four; paths and names stay whole."""
+    return textwrap.fill(text, width=width, initial_indent="  ", subsequent_indent="    ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def report_scaling(summary):
+    """The report's lines on the loss scale: start, trajectory, growth, skips, gradients."""
+    sc, sk, gr = summary["loss_scale"], summary["skipped_steps"], summary["growth"]
+    return [
+        wrap("loss scale: initial {} ({}); min {}, max {}, final {}".format(
+            format_scale(sc["initial"]), describe_start(sc["requested"], sc["initial"]),
+            *(format_scale(sc[k]) for k in ("min", "max", "final")))),
+        "  changes (step:new scale):",
+        format_changes(sc["changes"]),
+        wrap("growth ({}, due after {} good steps in a row): {} growth points, {} grew, "
+             "{} held".format(gr["mode"], summary["interval"], gr["points"], gr["grew"],
+                              gr["held"])),
+        wrap("skipped steps: {} of {} ({} in warm-up, before the first update at step {};"
+             " {} later)".format(sk["total"], summary["steps"], sk["warmup"],
+                                 sk["first_update_step"], sk["after_warmup"])),
+        wrap(describe_gradients(summary["gradient_stats"])),
+    ]
+
+
 def report(summary):
     """The text printed at the end of a run."""
-    acc, sec, sc, sk = (summary["accuracy"], summary["seconds"], summary["loss_scale"],
-                        summary["skipped_steps"])
-    changes = format_changes(sc["changes"])
+    acc, sec = summary["accuracy"], summary["seconds"]
     row = "  {:<34}{:>14}{:>10}"
     lines = [
         "",
@@ -362,34 +567,43 @@ def report(summary):
         row.format("training time", "{:.1f} s".format(sec["fp16"]),
                    "{:.1f} s".format(sec["float"])),
         "",
-        "  loss scale: initial {}, min {}, max {}, final {}".format(
-            *(format_scale(sc[k]) for k in ("initial", "min", "max", "final"))),
-        "  changes (step:new scale):",
-        changes,
-        "  skipped steps: {} of {} ({} in warm-up, before the first update at step {};"
-        " {} later)".format(sk["total"], summary["steps"], sk["warmup"],
-                            sk["first_update_step"], sk["after_warmup"]),
-    ]
+    ] + report_scaling(summary)
     pr = summary.get("precision") or {}
     if pr.get("accelerate_train_mode"):
         lines.append("  precision schedule {!r}: {} steps in fp16, {} in float{}".format(
             pr["accelerate_train_mode"], pr["half_steps"], pr["float_steps"],
             "" if pr["switch_step"] is None else
             " (switched at step {})".format(pr["switch_step"])))
+    files = summary["files"]
     lines += [
         "  total time {:.1f} s (training, evaluation, plot)".format(sec["total"]),
         "",
-        "  wrote {}".format(summary["files"]["plot"]),
-        "  wrote {}".format(summary["files"]["summary"]),
-        "  wrote {}/ (nnabla.monitor series: loss scale, skipped steps, overflow rate, "
-        "loss)".format(summary["files"]["monitor"]),
+        "  wrote {}".format(files["plot"]),
+        "  wrote {}".format(files["summary"]),
+        wrap("wrote {}/ (nnabla.monitor series: {})".format(
+            files["monitor"], ", ".join(name[:-len(".series.txt")]
+                                        for name in files["monitor_series"]))),
     ]
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- main
 
-def parse_args(argv=None):
+def scale_option(text):
+    """``--scale``: ``auto`` or a finite number > 0."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(
+            "must be 'auto' or a number > 0, got {!r}".format(text))
+    return value
+
+
+def build_parser():
     p = argparse.ArgumentParser(
         description="fp16 training with dynamic loss scaling on the digits data set, "
                     "compared with float training.",
@@ -400,10 +614,18 @@ def parse_args(argv=None):
                    help="fixes the data split, the initial weights and the batch order")
     p.add_argument("--out", default=os.path.join("runs", "digits"),
                    help="directory for digits_fp16.png and summary.json")
-    p.add_argument("--scale", type=float, default=2.0 ** 15,
-                   help="initial loss scale (large on purpose: watch it come down)")
+    p.add_argument("--scale", type=scale_option, default="auto",
+                   help="initial loss scale: 'auto' (measured on the first batch) or a "
+                        "number (above 32768 it is lowered to 32768, the largest fp16 "
+                        "can seed)")
+    p.add_argument("--growth-mode", choices=["probe", "measured"], default="measured",
+                   help="how the scale grows after --interval clean steps: 'measured' by "
+                        "as many doublings as the gradients leave room for (possibly "
+                        "none), 'probe' by one doubling, tried")
     p.add_argument("--interval", type=int, default=50,
-                   help="clean steps before the updater tries a larger scale (N)")
+                   help="clean steps before the updater grows the scale (N)")
+    p.add_argument("--stats-every", type=int, default=50,
+                   help="steps between gradient statistics (zeros, subnormals, headroom)")
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64, 64],
                    help="hidden layer widths")
     p.add_argument("--lr", type=float, default=0.05,
@@ -420,13 +642,16 @@ def parse_args(argv=None):
     p.add_argument("--monitor-interval", type=int, default=50,
                    help="steps between the nnabla.monitor records written to OUT/monitor")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
-    for name in ("steps", "batch_size", "interval", "monitor_interval"):
+    for name in ("steps", "batch_size", "interval", "stats_every", "monitor_interval"):
         if getattr(args, name) < 1:
             p.error("--{} must be >= 1, got {}".format(name.replace("_", "-"),
                                                        getattr(args, name)))
-    if args.scale <= 0:
-        p.error("--scale must be > 0, got {}".format(args.scale))
     if args.accelerate_train_mode is not None:
         from nnabla_mpt.precision import AccelerateTrainMode
         try:
@@ -442,43 +667,76 @@ def parse_args(argv=None):
     return args
 
 
+def run_fp16(args, data, half, single, per_example, monitor_dir):
+    """The fp16 run: graph and solver under the half context, parameters in scope
+    ``fp16``; with ``--accelerate-train-mode`` the same network under the float context,
+    in the same scope (sharing the parameters), takes over for the last part."""
+    x_train, y_train = data
+    graph = build_graph(half, "fp16", args.batch_size, args.hidden, args.seed, args.reduction)
+    solver = make_solver(half, "fp16", args.lr / per_example)
+    schedule = None
+    if args.accelerate_train_mode is not None:
+        schedule = {"mode": args.accelerate_train_mode,
+                    "graph": build_graph(single, "fp16", args.batch_size, args.hidden,
+                                         args.seed, args.reduction),
+                    "final_loss": (None if args.final_loss is None
+                                   else args.final_loss * per_example)}
+    scaling = {"scale": args.scale, "N": args.interval, "growth_mode": args.growth_mode,
+               "gradient_stats_every": args.stats_every}
+    return train_fp16(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
+                      args.steps, scaling, per_example, progress=not args.no_progress,
+                      schedule=schedule, monitor_dir=monitor_dir,
+                      monitor_interval=args.monitor_interval)
+
+
+def build_summary(args, fp16, ref, acc, seconds, files):
+    """The run's numbers for summary.json and the report."""
+    tail = min(50, args.steps)
+    loss_scale = scale_trajectory(fp16)
+    loss_scale["requested"] = args.scale
+    return {
+        "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed,
+        "hidden": list(args.hidden), "lr": args.lr, "reduction": args.reduction,
+        "interval": args.interval, "growth_mode": args.growth_mode,
+        "stats_every": args.stats_every,
+        "accuracy": acc,
+        "final_loss": {"fp16": float(np.mean(fp16["loss"][-tail:])),
+                       "float": float(np.mean(ref["loss"][-tail:])),
+                       "last_steps": tail},
+        "loss_scale": loss_scale,
+        "growth": dict(mode=args.growth_mode, **growth_summary(fp16)),
+        "skipped_steps": skipped_summary(fp16),
+        "gradient_stats": gradient_summary(fp16, args.stats_every),
+        "precision": {"accelerate_train_mode": args.accelerate_train_mode,
+                      "half_steps": fp16["precision"].count("half"),
+                      "float_steps": fp16["precision"].count("float"),
+                      "switch_step": (fp16["precision"].index("float")
+                                      if "float" in fp16["precision"] else None)},
+        "seconds": seconds,
+        "files": files,
+    }
+
+
 def main(argv=None):
     args = parse_args(argv)
     started = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     x_train, y_train, x_test, y_test = load_digits_split(args.seed)
     logger.info("digits: {} training and {} test images".format(len(x_train), len(x_test)))
-
     half = get_extension_context("cpu", type_config="half")
     single = get_extension_context("cpu", type_config="float")
+    monitor_dir = os.path.join(args.out, "monitor")
 
-    # fp16 run: graph and solver under the half context, parameters in scope "fp16".
     # A summed loss has batch-size-times larger gradients; scale the learning rate
     # (and the reported loss) so that both reductions train and read the same.
     per_example = args.batch_size if args.reduction == "sum" else 1
-    lr = args.lr / per_example
-    graph = build_graph(half, "fp16", args.batch_size, args.hidden, args.seed, args.reduction)
-    solver = make_solver(half, "fp16", lr)
-    schedule = None
-    if args.accelerate_train_mode is not None:
-        # The same network under the float context, in the same scope: it shares the
-        # parameters and takes over for the last part of training.
-        schedule = {"mode": args.accelerate_train_mode,
-                    "graph": build_graph(single, "fp16", args.batch_size, args.hidden,
-                                         args.seed, args.reduction),
-                    "final_loss": (None if args.final_loss is None
-                                   else args.final_loss * per_example)}
     t0 = time.perf_counter()
-    fp16 = train_fp16(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
-                      args.steps, args.scale, args.interval, per_example,
-                      progress=not args.no_progress, schedule=schedule,
-                      monitor_dir=os.path.join(args.out, "monitor"),
-                      monitor_interval=args.monitor_interval)
+    fp16 = run_fp16(args, (x_train, y_train), half, single, per_example, monitor_dir)
     t_fp16 = time.perf_counter() - t0
 
     # float run: same initial weights (same seed), same batches, own scope "float".
     graph = build_graph(single, "float", args.batch_size, args.hidden, args.seed, args.reduction)
-    solver = make_solver(single, "float", lr)
+    solver = make_solver(single, "float", args.lr / per_example)
     t0 = time.perf_counter()
     ref = train_float(graph, solver, BatchStream(x_train, y_train, args.batch_size, args.seed),
                       args.steps, per_example, progress=not args.no_progress)
@@ -492,34 +750,16 @@ def main(argv=None):
            "float": accuracy(single, "float", x_test, y_test, args.hidden, args.seed),
            "fp16_inference": accuracy(half, "fp16", x_test, y_test, args.hidden, args.seed)}
 
-    plot_path = os.path.join(args.out, "digits_fp16.png")
-    summary_path = os.path.join(args.out, "summary.json")
-    plot(plot_path, fp16, ref,
+    files = {"plot": os.path.join(args.out, "digits_fp16.png"),
+             "summary": os.path.join(args.out, "summary.json"), "monitor": monitor_dir,
+             "monitor_series": sorted(name for name in os.listdir(monitor_dir)
+                                      if name.endswith(".series.txt"))}
+    plot(files["plot"], fp16, ref,
          "digits MLP, fp16 with dynamic loss scaling vs float (seed {})".format(args.seed))
-
-    tail = min(50, args.steps)
-    summary = {
-        "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed,
-        "hidden": list(args.hidden), "lr": args.lr, "reduction": args.reduction,
-        "interval": args.interval,
-        "accuracy": acc,
-        "final_loss": {"fp16": float(np.mean(fp16["loss"][-tail:])),
-                       "float": float(np.mean(ref["loss"][-tail:])),
-                       "last_steps": tail},
-        "loss_scale": scale_trajectory(fp16),
-        "skipped_steps": skipped_summary(fp16),
-        "precision": {"accelerate_train_mode": args.accelerate_train_mode,
-                      "half_steps": fp16["precision"].count("half"),
-                      "float_steps": fp16["precision"].count("float"),
-                      "switch_step": (fp16["precision"].index("float")
-                                      if "float" in fp16["precision"] else None)},
-        "seconds": {"fp16": t_fp16, "float": t_float},  # "total" is added below
-        "files": {"plot": plot_path, "summary": summary_path,
-                  "monitor": os.path.join(args.out, "monitor")},
-    }
+    summary = build_summary(args, fp16, ref, acc, {"fp16": t_fp16, "float": t_float}, files)
     summary["seconds"]["total"] = time.perf_counter() - started
-    with open(summary_path, "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2)
+    with open(files["summary"], "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=2, allow_nan=False)
     print(report(summary))
     return summary
 

@@ -86,12 +86,22 @@ def test_skipped_steps_match_the_trajectory(short_run):
     assert sorted(decreases) == sk["steps"]
     for i, s in decreases.items():
         assert s == used[i] / 2
-    # Growth doubles the scale and only after 20 clean steps in a row.
+    # Growth (measured, the default) multiplies the scale by a power of two, and only
+    # after 20 clean steps in a row; the growth points where it held are no changes.
+    growth = summary["growth"]
+    assert growth["mode"] == "measured"
+    increases = sorted(i for i, s in sc["changes"] if s > used[i])
+    assert increases == growth["grew_at"]
+    assert not set(growth["held_at"]) & {i for i, _ in sc["changes"]}
+    assert growth["points"] == growth["grew"] + growth["held"] == (
+        len(growth["grew_at"]) + len(growth["held_at"]))
+    for i in growth["grew_at"] + growth["held_at"]:
+        window = range(i - 19, i + 1)
+        assert not any(j in decreases for j in window), (i, sc["changes"])
     for i, s in sc["changes"]:
         if s > used[i]:
-            assert s == used[i] * 2
-            window = range(i - 19, i + 1)
-            assert not any(j in decreases for j in window), (i, sc["changes"])
+            k = np.log2(s / used[i])
+            assert k == int(k) and k >= 1, (i, s, used[i])
 
 
 def read_series(path):
@@ -121,38 +131,99 @@ def test_monitor_series_match_the_trajectory(short_run):
     assert (monitor / "training-loss.series.txt").stat().st_size > 0
 
 
+def test_gradient_statistics_in_summary_and_monitor(short_run):
+    """Statistics every 50 steps (--stats-every): steps 49 and 99 of 120; the monitor's
+    gradient series hold the same numbers (the window flushed at 119 has none)."""
+    out, summary, _ = short_run
+    gs = summary["gradient_stats"]
+    assert summary["stats_every"] == gs["every"] == 50
+    assert [r["step"] for r in gs["series"]] == [49, 99] and gs["records"] == 2
+    last = gs["last"]
+    assert last["step"] == 99 and set(last["parameters"]) == {
+        "fc{}/affine/{}".format(i, p) for i in range(4) for p in "Wb"}
+    for r in gs["series"] + list(last["parameters"].values()):
+        assert 0 <= r["zero_fraction"] <= 1 and 0 <= r["subnormal_fraction"] <= 1
+        assert r["nonfinite_fraction"] == 0 and r["headroom"] == int(r["headroom"]) >= 0
+    assert last["headroom"] == min(p["headroom"] for p in last["parameters"].values())
+    monitor = out / "monitor"
+    names = {"zero_fraction": "zero-fraction", "subnormal_fraction": "subnormal-fraction",
+             "headroom": "headroom"}
+    for key, name in names.items():
+        series = read_series(monitor / "loss-scale-gradient-{}.series.txt".format(name))
+        assert sorted(series) == [49, 99]
+        for r in gs["series"]:
+            assert series[r["step"]] == pytest.approx(r[key], rel=1e-5)
+    assert summary["files"]["monitor_series"] == sorted(
+        p.name for p in monitor.iterdir() if p.name.endswith(".series.txt"))
+    assert "loss-scale-gradient-headroom.series.txt" in summary["files"]["monitor_series"]
+
+
 def test_report_and_plot(short_run):
     out, summary, stdout = short_run
     acc = summary["accuracy"]
     assert "{:.2f}%".format(100 * acc["fp16"]) in stdout
     assert "{:.2f}%".format(100 * acc["float"]) in stdout
     assert "skipped steps: {} of 120".format(summary["skipped_steps"]["total"]) in stdout
-    assert "initial 32768" in stdout
+    assert "initial 32768 (--scale 32768)" in stdout
+    growth = summary["growth"]
+    assert ("growth (measured, due after 20 good steps in a row): {} growth points, {} grew, "
+            "{} held".format(growth["points"], growth["grew"], growth["held"])) in stdout
+    last = summary["gradient_stats"]["last"]
+    assert ("gradient statistics (every 50 steps), last at step 99: {:.2f}% zero, {:.2f}% "
+            "subnormal".format(100 * last["zero_fraction"],
+                               100 * last["subnormal_fraction"])) in stdout
+    assert "headroom {:g} power".format(last["headroom"]) in stdout
     png = out / "digits_fp16.png"
     assert summary["files"]["plot"] == str(png)
     data = png.read_bytes()
     assert len(data) > 1000
     assert data[:8] == PNG_SIGNATURE
     width, height = struct.unpack(">II", data[16:24])  # IHDR
-    assert data[12:16] == b"IHDR" and width >= 600 and height >= 400
+    # three panels: loss, loss scale, gradient statistics (9 x 9.5 inches at 100 dpi)
+    assert data[12:16] == b"IHDR" and width >= 600 and height >= 900
 
 
-def test_mean_loss_overflows_only_when_the_scale_itself_is_not_fp16(tmp_path):
-    # With the mean loss the gradients stay far below 65504: 2**16 (inf in fp16) overflows
-    # every time it is tried, 2**15 never does.
-    summary, _ = run_demo(tmp_path, "--steps", 30, "--interval", 10, "--scale", 2.0 ** 16,
-                          "--reduction", "mean")
-    assert summary["loss_scale"]["changes"] == [
-        [0, 2.0 ** 15], [10, 2.0 ** 16], [11, 2.0 ** 15], [21, 2.0 ** 16], [22, 2.0 ** 15]]
-    assert summary["skipped_steps"]["steps"] == [0, 11, 22]
-    assert summary["skipped_steps"]["warmup"] == 1
+def test_mean_loss_never_tries_a_scale_fp16_cannot_seed(tmp_path):
+    # With the mean loss the gradients stay far below 65504; what bounds the scale is
+    # fp16 itself: backward(scale) seeds the pass in fp16, where 2**16 is inf. --scale
+    # 65536 is lowered to 2**15, and probe growth stops there: nothing overflows.
+    summary, stdout = run_demo(tmp_path, "--steps", 30, "--interval", 10,
+                               "--scale", 2.0 ** 16, "--reduction", "mean",
+                               "--growth-mode", "probe")
+    assert summary["loss_scale"] == {"initial": 2.0 ** 15, "min": 2.0 ** 15,
+                                     "max": 2.0 ** 15, "final": 2.0 ** 15, "changes": [],
+                                     "requested": 2.0 ** 16}
+    assert summary["skipped_steps"] == {"total": 0, "warmup": 0, "after_warmup": 0,
+                                        "first_update_step": 0, "steps": []}
+    assert summary["growth"] == {"mode": "probe", "points": 3, "grew": 0, "held": 3,
+                                 "grew_at": [], "held_at": [9, 19, 29]}
+    assert "initial 32768 (--scale 65536 lowered to 32768: fp16 cannot seed" in stdout
 
 
-def test_bad_option_is_reported(tmp_path):
-    proc = subprocess.run([sys.executable, str(DEMO), "--steps", "0", "--out", str(tmp_path)],
+def test_auto_scale_and_measured_growth_are_the_defaults(tmp_path):
+    summary, stdout = run_demo(tmp_path, "--steps", 40, "--interval", 10,
+                               "--stats-every", 20)
+    sc = summary["loss_scale"]
+    assert sc["requested"] == "auto" and summary["growth_mode"] == "measured"
+    assert 1 <= sc["initial"] <= 2.0 ** 15 and np.log2(sc["initial"]) % 1 == 0
+    assert "initial {} (chosen by --scale auto from the first batch's gradients)".format(
+        int(sc["initial"])) in stdout
+    assert summary["growth"]["points"] >= 1
+    assert [r["step"] for r in summary["gradient_stats"]["series"]] == [19, 39]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
+    (["--stats-every", "0"], "--stats-every must be >= 1, got 0"),
+    (["--growth-mode", "x"], "argument --growth-mode: invalid choice: 'x'"),
+    (["--scale", "fast"], "argument --scale: must be 'auto' or a number > 0, got 'fast'"),
+    (["--scale", "0"], "argument --scale: must be 'auto' or a number > 0, got '0'"),
+])
+def test_bad_option_is_reported(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, str(DEMO), "--out", str(tmp_path), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "--steps must be >= 1, got 0" in proc.stderr
+    assert message in proc.stderr
 
 
 def test_batches_are_reproducible_and_cover_each_epoch():
@@ -180,6 +251,66 @@ def test_summaries_of_a_history():
         "changes": [[0, 4.0], [3, 8.0], [4, 4.0]]}
     assert demo.skipped_summary(history) == {
         "total": 2, "warmup": 1, "after_warmup": 1, "first_update_step": 1, "steps": [0, 4]}
+
+
+def test_growth_points_of_a_history():
+    demo = load_demo_module()
+    # due at steps 1, 2 and 4: 1 grew, 2 held, 4 overflowed (no growth point), and
+    # step 5 ran in float after a precision switch (the policy is not asked there)
+    history = {"scale": [4.0, 4.0, 16.0, 16.0, 16.0, 1.0],
+               "next_scale": [4.0, 16.0, 16.0, 16.0, 8.0, 1.0],
+               "skipped": [False, False, False, False, True, False],
+               "precision": ["half"] * 5 + ["float"],
+               "growth_due": [False, True, True, False, True, True]}
+    assert demo.growth_summary(history) == {"points": 2, "grew": 1, "held": 1,
+                                            "grew_at": [1], "held_at": [2]}
+
+
+def gradient_record(step, headroom, skipped=False, nonfinite=0.0):
+    stats = {"size": 10, "dtype": "float16", "zero_fraction": 0.5,
+             "subnormal_fraction": 0.1, "nonfinite_fraction": nonfinite,
+             "max_abs": float("inf") if nonfinite else 2.0, "headroom": headroom}
+    return {"step": step, "skipped": skipped, "overall": stats, "parameters": {"w": stats}}
+
+
+def test_gradient_summary_is_valid_json():
+    demo = load_demo_module()
+    history = {"gradient_stats": [gradient_record(9, 3.0),
+                                  gradient_record(19, float("-inf"), True, 0.2)]}
+    summary = demo.gradient_summary(history, 10)
+    json.dumps(summary, allow_nan=False)      # inf headroom and max_abs became None
+    assert summary["records"] == 2 and summary["every"] == 10
+    assert summary["series"][0] == {"step": 9, "skipped": False, "zero_fraction": 0.5,
+                                    "subnormal_fraction": 0.1, "nonfinite_fraction": 0.0,
+                                    "max_abs": 2.0, "headroom": 3.0}
+    assert summary["last"]["headroom"] is None and summary["last"]["max_abs"] is None
+    assert "headroom -inf: a gradient holds inf/NaN" in demo.describe_gradients(summary)
+    assert "at step 19 (skipped)" in demo.describe_gradients(summary)
+    one = demo.gradient_summary({"gradient_stats": [gradient_record(9, 1.0)]}, 10)
+    assert "headroom 1 power of two (in w)" in demo.describe_gradients(one)
+    assert demo.gradient_summary({"gradient_stats": []}, 10)["last"] is None
+
+
+def test_plot_has_a_gradient_statistics_panel(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    demo = load_demo_module()
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figures.append)
+    steps = 40
+    fp16 = {"loss": list(np.linspace(2.0, 0.1, steps)), "scale": [8.0] * steps,
+            "next_scale": [8.0] * steps, "skipped": [False] * steps,
+            "precision": ["half"] * steps, "growth_due": [False] * steps,
+            "gradient_stats": [gradient_record(19, 3.0), gradient_record(39, 2.0)]}
+    demo.plot(str(tmp_path / "p.png"), fp16, {"loss": fp16["loss"]}, "title")
+    (fig,) = figures
+    loss, scale, grads, headroom = fig.axes          # the headroom on a twin axis
+    assert grads.get_ylabel() == "fp16 gradient values (%)"
+    assert headroom.get_ylabel() == "headroom (powers of 2)"
+    assert [t.get_text() for t in grads.get_legend().get_texts()] == [
+        "zero (%)", "subnormal (%)", "headroom: smallest over the parameters"]
+    assert list(headroom.lines[0].get_ydata()) == [3.0, 2.0]
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    close(fig)
 
 
 def test_precision_schedule_flag(tmp_path):
