@@ -1,11 +1,14 @@
 """Measured loss scaling: the scale chosen from the gradients instead of guessed.
 
-Every measurement comes from a watched backward pass (:class:`~nnabla_mpt.watch.RangeWatch`),
-which finds how far the pass's gradients could be multiplied before one of them leaves
-its dtype::
+Every measurement comes from a watched backward pass (:class:`~nnabla_mpt.watch.RangeWatch`)
+run at some scale ``s``, which finds how far the pass's gradients could be multiplied
+before one of them leaves its dtype::
 
-    R = min over every gradient g of the pass (and the parameters' gradients)
-            of  dtype_max(g) / max |g|
+    R = min over every gradient g of the pass and the parameters' gradients of
+            dtype_max(g) / (max |g| * m(g))
+
+    m(g) = MARGIN  for the parameters' gradients and any gradient larger than s,
+           1       for the pass's other gradients
 
 * **Ceiling.** ``loss.backward(scale)`` seeds the pass with the scale in the loss's dtype,
   so no scale above the largest power of two that dtype holds can work (``2**15`` for
@@ -15,26 +18,32 @@ its dtype::
   at a probe scale ``p`` (1; ``2**8`` times higher while every gradient is zero, up to the
   ceiling), and the first scale is::
 
-      s0 = the largest power of two  <=  p * R / MARGIN,   within [min_scale, upper bound]
+      s0 = the largest power of two  <=  p * R,   within [min_scale, upper bound]
 
 * **Measured growth** (``growth_mode="measured"``). On the step where growth is due, ``R``
   is measured at the step's own scale ``s`` and the scale becomes ``s * f**k`` for the
-  largest ``k >= 0`` with ``f**k <= R / MARGIN`` (within the upper bound; ``k = 0`` holds
-  the scale): a growth certain to overflow is never tried, and after a spike the scale
-  comes back in one move.
+  largest ``k >= 0`` with ``f**k <= R`` (within the upper bound; ``k = 0`` holds the
+  scale): a growth certain to overflow is never tried, and after a spike the scale comes
+  back in one move.
 
 With a communicator every rank takes the smallest ``R`` (the smallest start) over the
 ranks: the largest gradient decides, and the ranks stay identical.
 
-``MARGIN = 2**3``: the measurement sees one batch, and the next batches' gradients differ.
-A margin of 8 lets the largest gradient of a later batch be 8 times that of the measured
-one before it overflows (on the digits model the largest gradient varies within a factor
-of about 2 to 4 between batches at a fixed scale); the cost is 3 bits at the bottom, where
-the smallest gradients underflow, which the gradient statistics show.
+The margin, ``MARGIN = 2**3``: the measurement sees one batch, and the next batches'
+gradients differ. The parameters' gradients (sums over the batch) and any gradient larger
+than the scale (an activation's gradient amplified by the layers above) can grow past
+their dtype before the scale reaches the ceiling, so they must stay 8 times below their
+dtype's largest value: a later batch's may be 8 times the measured one's. The pass's other
+gradients, no larger than the scale (the inputs of a summed loss, which are the scale
+itself; a softmax cross-entropy's input gradients, ``(p - y) * s``), grow with the scale
+and stay below the ceiling, which float16 holds with a factor of 2 to spare: they only
+have to fit. The cost of the margin is at most 3 bits at the bottom, where the smallest
+gradients underflow; the gradient statistics show whether that matters.
 """
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+import numpy as np
 from nnabla.logger import logger
 
 from . import graph
@@ -48,10 +57,26 @@ MARGIN = 2.0 ** 3
 PROBE_STEP = 2.0 ** 8
 
 
+def room(watch: RangeWatch, scale: float) -> Tuple[float, float]:
+    """``(R, largest)`` of a watched pass run at ``scale``: how far the scale may be
+    multiplied (see the module's docstring: the parameters' gradients and the gradients
+    larger than the scale need :data:`MARGIN`, the others only their dtype's range;
+    ``inf`` when every gradient is zero, 0 when one is not finite), and the largest
+    ``max |g|`` seen (0 if none)."""
+    maxima, limits, parameters = watch.read()
+    if maxima.size == 0:
+        return math.inf, 0.0
+    if not np.isfinite(maxima).all():
+        return 0.0, math.inf
+    margins = np.where(parameters | (maxima > scale), MARGIN, 1.0)
+    with np.errstate(divide="ignore"):
+        return float((limits / (maxima * margins)).min()), float(maxima.max())
+
+
 def calibrated_scale(probe: float, room: float, lower: float, upper: float) -> float:
-    """The start of ``scale="auto"``: the largest power of two ``<= probe * room / MARGIN``,
-    within ``[lower, upper]`` (``room`` as :meth:`RangeWatch.room` measures it)."""
-    target = probe * room / MARGIN
+    """The start of ``scale="auto"``: the largest power of two ``<= probe * room``, within
+    ``[lower, upper]`` (``room`` as :func:`room` measures it at ``probe``)."""
+    target = probe * room
     if not target > 0.0:
         return lower
     if math.isinf(target):
@@ -89,12 +114,11 @@ class ScaleMeter:
             return RangeWatch(self._loss, self._ctx)
         return None
 
-    def growth_room(self, watch: RangeWatch) -> float:
-        """How far the scale may grow after the watched step: ``R / MARGIN``, with ``R``
-        over the watched passes and the parameters' (reduced) gradients, smallest over the
-        ranks."""
-        room, _ = watch.add([v.grad for v in self._params.values()]).room()
-        return min(self._gather(room)) / MARGIN
+    def growth_room(self, watch: RangeWatch, scale: float) -> float:
+        """How far the scale may grow after the step watched at ``scale``: ``R`` over the
+        watched passes and the parameters' (reduced) gradients, smallest over the ranks."""
+        measured, _ = room(watch.add([v.grad for v in self._params.values()]), scale)
+        return min(self._gather(measured))
 
     def statistics(self, index: int) -> Optional[Dict[str, GradientStats]]:
         """The gradient statistics of step ``index``, on every ``stats_every``-th step."""
@@ -116,18 +140,19 @@ class ScaleMeter:
         while True:
             zero_grads()
             watch = RangeWatch(self._loss, self._ctx).run(self._loss, probe)
-            room, largest = watch.add([v.grad for v in self._params.values()]).room()
+            measured, largest = room(watch.add([v.grad for v in self._params.values()]),
+                                     probe)
             if largest > 0.0 or probe >= upper:
                 break
             probe = min(probe * PROBE_STEP, upper)   # every gradient underflowed: look higher
         zero_grads()
-        starts = self._gather(calibrated_scale(probe, room, lower, upper))
+        starts = self._gather(calibrated_scale(probe, measured, lower, upper))
         scale = min(starts)
         self._policy.set_loss_scale(scale)
         self.calibration_pending = False
         ranks = f", the smallest start over {len(starts)} ranks" if len(starts) > 1 else ""
         logger.info(f"nnabla_mpt: scale='auto' starts at {scale:g}{ranks}: at scale {probe:g} "
                     f"the largest gradient is {largest:.4g}, and {scale:g} keeps every "
-                    f"gradient {MARGIN:g} times below its dtype's largest value "
-                    f"(bounds [{lower:g}, {upper:g}])")
+                    f"gradient larger than the scale {MARGIN:g} times below its dtype's "
+                    f"largest value (bounds [{lower:g}, {upper:g}])")
         return scale

@@ -222,7 +222,7 @@ class _LossScalingUpdater:
         loss_sum = self._forward_backward(loss, scale, watch_loss, watch, fed)
         stats = self._meter.statistics(index)     # as the backward produced them
         skipped, loss_nonfinite, loss_mean = self._decider.decide(loss, loss_sum)
-        room = None if watch is None or skipped else self._meter.growth_room(watch)
+        room = None if watch is None or skipped else self._meter.growth_room(watch, scale)
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
         # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
         if scaled and not loss_nonfinite:

@@ -397,7 +397,7 @@ class RangeWatch(BackwardHooks):
     gradients, complete by then) are reduced, with nnabla functions in the graph's own
     extension, to their largest absolute value; :meth:`add` does the same for other
     arrays (the parameters' gradients). The maxima stay where the arrays are until
-    :meth:`room` reads them back, all at once. The seed of a pass, the loss's own
+    :meth:`read` reads them back, all at once. The seed of a pass, the loss's own
     gradient (the scale itself), is not watched: it is exact, and a scale the loss dtype
     cannot hold is the ceiling's business.
 
@@ -412,19 +412,21 @@ class RangeWatch(BackwardHooks):
         self._ctx = ctx
         self._maxima: List[Any] = []
         self._limits: List[float] = []
+        self._added: List[bool] = []
 
     def on_pre(self, f: Any) -> None:
         for v in f.outputs:
             if hash(v) != self._loss:
-                self._watch(v.grad)
+                self._watch(v.grad, False)
 
     def add(self, arrays: List[Any]) -> "RangeWatch":
-        """Watches ``arrays`` (nnabla NdArrays) too, as they are now."""
+        """Watches ``arrays`` (nnabla NdArrays, the parameters' gradients) too, as they
+        are now."""
         for a in arrays:
-            self._watch(a)
+            self._watch(a, True)
         return self
 
-    def _watch(self, array: Any) -> None:
+    def _watch(self, array: Any, added: bool) -> None:
         name = dtype_name(array)
         if name not in FLOATS or array.size == 0:
             return
@@ -433,19 +435,18 @@ class RangeWatch(BackwardHooks):
         with nn.context_scope(self._ctx):
             self._maxima.append(F.reshape(F.max(F.abs(array)), (1,)))
         self._limits.append(FLOATS[name].max)
+        self._added.append(added)
 
-    def room(self) -> Tuple[float, float]:
-        """``(room, largest)``: how far every watched gradient could be multiplied and stay
-        within its dtype (the smallest ``dtype max / max |g|``: ``inf`` when all are zero,
-        0 when one is not finite), and the largest ``max |g|`` seen (0 if none)."""
+    def read(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(maxima, limits, added)``: the largest ``|g|`` of every watched gradient, read
+        back now, all at once; the largest finite value of each one's dtype; and whether it
+        came from :meth:`add` rather than from the pass (float64 and bool arrays, empty
+        when nothing was watched)."""
         if not self._maxima:
-            return math.inf, 0.0
+            return np.empty(0), np.empty(0), np.empty(0, dtype=bool)
         import nnabla as nn
         import nnabla.functions as F
         with nn.context_scope(self._ctx):
             maxima = np.asarray(F.concatenate(*self._maxima, axis=0).data, dtype=np.float64)
-        if not np.isfinite(maxima).all():
-            return 0.0, math.inf
-        with np.errstate(divide="ignore"):
-            ratios = np.asarray(self._limits) / maxima
-        return float(ratios.min()), float(maxima.max())
+        return (maxima, np.asarray(self._limits, dtype=np.float64),
+                np.asarray(self._added, dtype=bool))
