@@ -303,7 +303,8 @@ class _LossScalingUpdater:
 
         Raises:
             ValueError: keys are missing or unknown (the message lists them), the version
-                or the updater type differs, or a value is out of range.
+                or the updater type differs, a value is out of range, or the counters
+                contradict each other (the message names them and their values).
         """
         counters = self._check_state(state)
         self.policy.load_state_dict(state["policy"])
@@ -316,19 +317,14 @@ class _LossScalingUpdater:
         self._collapse.overflow_streak = counters["overflow_streak"]
         self._collapse.longest_overflow_streak = counters["longest_overflow_streak"]
 
-    _COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
-                 "longest_overflow_streak")
-
     def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
         """Checks ``state`` completely, without changing anything; returns the counters."""
-        check.exact_keys("state", state,
-                         ("version", "updater", "policy", "precision") + self._COUNTERS)
+        check.exact_keys("state", state, _STATE_KEYS)
         check.version("state", state, _UPDATER_STATE_VERSION)
         if state["updater"] != type(self).__name__:
             raise ValueError(f"state was saved by {state['updater']}, cannot load it into "
                              f"{type(self).__name__}")
-        counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
-                    for name in self._COUNTERS}
+        counters = _checked_counters(state)
         if (state["precision"] is None) != (self.schedule is None):
             mine = None if self.schedule is None else self.schedule.mode.text
             raise ValueError(f"state has precision schedule {state['precision']!r} but this "
@@ -360,6 +356,28 @@ class _LossScalingUpdater:
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)
+
+
+_COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
+             "longest_overflow_streak")
+_STATE_KEYS = ("version", "updater", "policy", "precision") + _COUNTERS
+
+
+def _checked_counters(state: Mapping[str, Any]) -> Dict[str, int]:
+    """The updater's counters in ``state``, each an integer >= 0, consistent together."""
+    counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
+                for name in _COUNTERS}
+    steps, updates, skipped, streak, longest = (counters[name] for name in _COUNTERS)
+    wrong = [text for broken, text in (
+        (updates + skipped != steps,
+         f"updates={updates} + skipped_steps={skipped} != steps={steps}"),
+        (streak > longest, f"overflow_streak={streak} > longest_overflow_streak={longest}"),
+        (streak > skipped, f"overflow_streak={streak} > skipped_steps={skipped}"),
+        (longest > skipped, f"longest_overflow_streak={longest} > skipped_steps={skipped}"),
+    ) if broken]
+    if wrong:
+        raise ValueError(f"state's counters are inconsistent: {'; '.join(wrong)}")
+    return counters
 
 
 @options.DYNAMIC.describe

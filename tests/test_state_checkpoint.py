@@ -125,6 +125,25 @@ def test_load_state_dict_errors_change_nothing(mutate, exc, message):
     assert updater.state_dict() == before
 
 
+@pytest.mark.parametrize("counters, message", [
+    ({"steps": 9}, r"updates=3 \+ skipped_steps=5 != steps=9"),
+    ({"updates": 4, "steps": 9, "overflow_streak": 5},
+     r"overflow_streak=5 > longest_overflow_streak=4"),
+    ({"overflow_streak": 6, "longest_overflow_streak": 6},
+     r"overflow_streak=6 > skipped_steps=5"),
+    ({"longest_overflow_streak": 6}, r"longest_overflow_streak=6 > skipped_steps=5"),
+], ids=["steps", "streak above longest", "streak above skipped", "longest above skipped"])
+def test_load_state_dict_refuses_inconsistent_counters(counters, message):
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale=16.0, N=3, hysteresis=2)
+    updater.update()
+    before = updater.state_dict()
+    with pytest.raises(ValueError, match=r"state's counters are inconsistent: " + message):
+        updater.load_state_dict(_mutated(lambda s: s.update(counters)))
+    assert updater.state_dict() == before
+
+
 def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
     import nnabla as nn
     import nnabla.functions as F
@@ -146,7 +165,7 @@ def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
     before = updater.state_dict()
     state = json.loads(json.dumps(before))
     state["policy"]["scale"] = 8.0
-    state["steps"] = 3
+    state["steps"] = state["updates"] = 3
     state["precision"]["total_steps"] = 20          # not this updater's schedule
     with pytest.raises(ValueError, match=r"precision schedule .* differs"):
         updater.load_state_dict(state)
