@@ -7,19 +7,20 @@ Format (version 1): a NumPy ``.npz`` archive (no pickles) holding
 * ``meta``: UTF-8 JSON ``{"format": "nnabla_mpt.checkpoint", "version": 1, "updater":
   <updater state_dict()>, "solver": {<name>: {"t": int, "keys": [...]}}, "params": [...]}``.
 
-:func:`save` writes the archive under a temporary name beside the target, flushes it to
-disk and renames it over the target, so a crash leaves the previous file or the new one,
-never a partial one. :func:`load` reads and checks everything before it changes anything.
+:func:`save` writes the archive through :func:`nnabla_mpt.atomic_file.write`: under a
+temporary name beside the target, flushed to disk and renamed over the target, so a crash
+leaves the previous file or the new one, never a partial one. :func:`load` reads and checks
+everything before it changes anything.
 """
 import json
 import os
-import tempfile
 import zipfile
 from typing import Any, Callable, Dict, Mapping, Tuple
 
 import numpy as np
 
 from . import _validate as check
+from . import atomic_file
 
 FORMAT = "nnabla_mpt.checkpoint"
 VERSION = 1
@@ -27,7 +28,17 @@ VERSION = 1
 
 def save(path: str, params: Mapping[str, Any], solver, updater_state: Mapping) -> None:
     """Writes ``params``' data, ``solver``'s states and ``updater_state`` to ``path``,
-    atomically."""
+    atomically (:func:`nnabla_mpt.atomic_file.write`: the folder is checked before the
+    arrays are gathered)."""
+    def fill(f) -> None:
+        _write_npz(f, _gathered(params, solver, updater_state))
+
+    atomic_file.write(os.fspath(path), fill, "the checkpoint")
+
+
+def _gathered(params: Mapping[str, Any], solver,
+              updater_state: Mapping) -> Dict[str, np.ndarray]:
+    """The archive's arrays, ``meta`` included."""
     arrays: Dict[str, np.ndarray] = {}
     for name, v in params.items():
         arrays[f"param/{name}"] = np.array(v.d, copy=True)
@@ -39,7 +50,7 @@ def save(path: str, params: Mapping[str, Any], solver, updater_state: Mapping) -
     meta = {"format": FORMAT, "version": VERSION, "updater": dict(updater_state),
             "solver": solver_meta, "params": list(params)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    _write_atomically(os.fspath(path), arrays)
+    return arrays
 
 
 def load(path: str, params: Mapping[str, Any], solver,
@@ -99,24 +110,6 @@ def _check_arrays(path: str, meta: Mapping, data: Mapping[str, np.ndarray],
                          f"{'; '.join(wrong)}")
 
 
-def _write_atomically(path: str, arrays: Mapping[str, np.ndarray]) -> None:
-    """Writes ``arrays`` as an ``.npz`` archive beside ``path``, flushes it to disk and
-    renames it over ``path``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write_npz(f, arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
-
-
 def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
     """Writes ``arrays`` to the binary file ``f`` as an ``.npz`` archive (``np.load`` reads it).
 
@@ -128,17 +121,3 @@ def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
         for key, value in arrays.items():
             with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
-
-
-def _fsync_dir(path: str) -> None:
-    """Flushes the directory entry of a renamed file, where the platform allows it."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

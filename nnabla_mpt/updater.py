@@ -337,10 +337,15 @@ class _LossScalingUpdater:
     def save_checkpoint(self, path: str) -> None:
         """Writes parameters, solver states and updater state to ``path`` atomically.
 
-        The file is written next to ``path`` under a temporary name, flushed to disk and then
-        renamed over ``path``: a crash leaves either the previous checkpoint or the new one,
-        never a partial file. The format is a NumPy ``.npz`` archive
-        (:mod:`nnabla_mpt.checkpoint`).
+        The file is written beside ``path`` as ``.<name>.tmp``, flushed to disk and renamed
+        over ``path``: a crash leaves the previous checkpoint or the new one, never a
+        partial file; the next save replaces a killed save's temporary. A new file gets
+        the umask's permissions, an existing one keeps its own; a symlink stays, its
+        target is replaced. The format: :mod:`nnabla_mpt.checkpoint`.
+
+        Raises:
+            OSError: the folder does not exist (``FileNotFoundError``, checked first) or
+                writing failed (the previous checkpoint stays); the message names ``path``.
         """
         checkpoint.save(path, self._params, self.solver, self.state_dict())
 
