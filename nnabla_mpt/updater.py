@@ -350,14 +350,14 @@ class _LossScalingUpdater:
         checkpoint.save(path, self._params, self.solver, self.state_dict())
 
     def load_checkpoint(self, path: str) -> None:
-        """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state.
-
-        Everything is read and checked before anything is changed.
+        """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state;
+        all checked before anything is changed.
 
         Raises:
-            ValueError: the file is not a checkpoint of this format, or its parameters,
-                solver states or updater state do not match this updater (the message lists
-                the names). Nothing is changed then.
+            FileNotFoundError: there is no file at ``path``.
+            ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, or its
+                parameters, solver states or updater state do not match this updater (the
+                message names ``path`` and lists the names). Nothing is changed then.
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)

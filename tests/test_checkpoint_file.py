@@ -1,7 +1,9 @@
 """The checkpoint file itself: a save names the user's path when it cannot be made, leaves
 nothing behind when it is killed, gives the file the permissions the user expects and writes
-through a symlink."""
+through a symlink; a foreign, damaged or crafted file is refused by name before anything is
+changed."""
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from nnabla_mpt import DynamicLossScalingUpdater
-from support import Net
+from support import Net, assert_bitwise_equal, assert_states_bitwise_equal, solver_states
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
                       "save_loop_worker.py")
@@ -25,6 +27,16 @@ def _adam_run(scope="net"):
     solver = net.solver("Adam", alpha=1e-2)
     updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=32.0, N=2)
     return net, solver, updater
+
+
+def _everything(net, solver, updater):
+    return net.snapshot(), solver_states(solver), updater.state_dict()
+
+
+def _assert_unchanged(net, solver, updater, before):
+    assert_bitwise_equal(net.snapshot(), before[0])
+    assert_states_bitwise_equal(solver_states(solver), before[1])
+    assert updater.state_dict() == before[2]
 
 
 # -- saving: errors name the user's path ---------------------------------------------------
@@ -44,6 +56,113 @@ def test_save_into_a_missing_folder_names_the_path_and_the_folder(tmp_path):
                                                  r".*/file/ckpt\.npz'.* is not a folder"):
         updater.save_checkpoint(tmp_path / "file" / "ckpt.npz")
     assert os.listdir(tmp_path) == ["file"]
+
+
+# -- loading: a file that is no checkpoint, or a damaged one -------------------------------
+
+def _saved(tmp_path):
+    net, solver, updater = _adam_run()
+    updater.update()
+    path = tmp_path / "ckpt.npz"
+    updater.save_checkpoint(path)
+    return net, solver, updater, path
+
+
+def _rewrite(source, target, edit_meta=None, drop=()):
+    """Writes ``source``'s arrays to ``target`` as ``np.savez`` does: a consistent archive
+    whose metadata ``edit_meta(meta)`` changed in place, without the arrays ``drop``."""
+    with np.load(source) as archive:
+        arrays = {k: archive[k] for k in archive.files if k not in drop}
+    if edit_meta is not None:
+        meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
+        edit_meta(meta)
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    np.savez(target, **arrays)
+
+
+def _with_meta_bytes(source, target, raw):
+    with np.load(source) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    arrays["meta"] = np.frombuffer(raw, dtype=np.uint8)
+    np.savez(target, **arrays)
+
+
+def _zip_with_raw_meta(source, target):
+    with zipfile.ZipFile(target, "w") as archive:
+        archive.writestr("meta", "{}")
+
+
+DAMAGED = {
+    "empty file": lambda s, t: t.write_bytes(b""),
+    "text file": lambda s, t: t.write_text("step 3: loss 0.25\n"),
+    "npy file": lambda s, t: np.save(str(t) + ".npy", np.zeros(3)) or os.rename(
+        str(t) + ".npy", t),
+    "truncated checkpoint": lambda s, t: t.write_bytes(s.read_bytes()[:-200]),
+    "zip that is not npz": _zip_with_raw_meta,
+    "meta not JSON": lambda s, t: _with_meta_bytes(s, t, b"{not json"),
+    "meta not UTF-8": lambda s, t: _with_meta_bytes(s, t, b"\xff\xfe{}"),
+    "meta not an object": lambda s, t: _with_meta_bytes(s, t, b"[1, 2]"),
+    "meta without solver": lambda s, t: _rewrite(s, t, lambda m: m.pop("solver")),
+    "meta without params": lambda s, t: _rewrite(s, t, lambda m: m.pop("params")),
+    "solver entry without keys": lambda s, t: _rewrite(
+        s, t, lambda m: m["solver"]["out/affine/b"].pop("keys")),
+    "array missing": lambda s, t: _rewrite(s, t, drop=("param/out/affine/W",)),
+    "solver array missing": lambda s, t: _rewrite(s, t, drop=("solver/out/affine/W/var",)),
+    "array of strings": lambda s, t: _rewrite_array(s, t, "param/out/affine/b",
+                                                    np.array(["a", "b"])),
+    "array of booleans": lambda s, t: _rewrite_array(s, t, "param/out/affine/b",
+                                                     np.array([True, False])),
+}
+
+
+def _rewrite_array(source, target, key, value):
+    with np.load(source) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    arrays[key] = value
+    np.savez(target, **arrays)
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_load_refuses_a_file_that_is_not_a_sound_checkpoint_by_name(tmp_path, case):
+    net, solver, updater, good = _saved(tmp_path)
+    path = tmp_path / "bad.npz"
+    DAMAGED[case](good, path)
+    updater.update()
+    before = _everything(net, solver, updater)
+    with pytest.raises(ValueError) as info:
+        updater.load_checkpoint(path)
+    message = str(info.value)
+    assert repr(str(path)) in message, message
+    assert "not an nnabla_mpt checkpoint" in message or "is corrupted" in message, message
+    _assert_unchanged(net, solver, updater, before)
+
+
+def _set_t(value):
+    def edit(meta):
+        entry = meta["solver"]["out/affine/b"]
+        if value is _MISSING:
+            entry.pop("t")
+        else:
+            entry["t"] = value
+    return edit
+
+
+_MISSING = object()
+
+
+@pytest.mark.parametrize("t", ["1", _MISSING, -1, 1.0, True],
+                         ids=["string", "missing", "negative", "float", "bool"])
+def test_load_with_a_bad_solver_t_changes_nothing(tmp_path, t):
+    net, solver, updater, good = _saved(tmp_path)
+    path = tmp_path / "crafted.npz"
+    _rewrite(good, path, _set_t(t))
+    updater.update()
+    before = _everything(net, solver, updater)
+    with pytest.raises(ValueError, match=r"'t'") as info:
+        updater.load_checkpoint(path)
+    assert repr(str(path)) in str(info.value)
+    assert "out/affine/b" in str(info.value)
+    _assert_unchanged(net, solver, updater, before)
 
 
 # -- nothing left behind -------------------------------------------------------------------
