@@ -299,7 +299,8 @@ class _LossScalingUpdater:
                 "longest_overflow_streak": self._collapse.longest_overflow_streak}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned; all or nothing.
+        """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
+        (``N``, ``max_scale``, ...) come from ``state``; one warning names each it changes.
 
         Raises:
             ValueError: keys are missing or unknown (the message lists them), the version
@@ -307,6 +308,7 @@ class _LossScalingUpdater:
                 contradict each other (the message names them and their values).
         """
         counters = self._check_state(state)
+        _warn_replaced_settings(self.policy, state["policy"])
         self.policy.load_state_dict(state["policy"])
         if self.schedule is not None:
             self.schedule.load_state_dict(state["precision"])
@@ -351,7 +353,8 @@ class _LossScalingUpdater:
 
     def load_checkpoint(self, path: str) -> None:
         """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state;
-        all checked before anything is changed.
+        all checked before anything is changed (settings it changes are logged as by
+        :meth:`load_state_dict`).
 
         Raises:
             FileNotFoundError: there is no file at ``path``.
@@ -383,6 +386,23 @@ def _checked_counters(state: Mapping[str, Any]) -> Dict[str, int]:
     if wrong:
         raise ValueError(f"state's counters are inconsistent: {'; '.join(wrong)}")
     return counters
+
+
+def _warn_replaced_settings(policy, state: Mapping[str, Any]) -> None:
+    """Logs one warning naming each setting of ``policy`` that loading ``state`` replaces,
+    by the name of the updater's option."""
+    replaced = policy.replaced_settings(state)
+    if replaced:
+        values = ", ".join(f"{options.OPTION_OF_SETTING.get(name, name)}={_shown(mine)} "
+                           f"with {_shown(saved)}" for name, (mine, saved) in replaced.items())
+        logger.warning(f"nnabla_mpt: the loaded state replaces the constructor's {values}")
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an argument would be written: 32768 for 32768.0, 'probe' quoted."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)
 
 
 @options.DYNAMIC.describe
