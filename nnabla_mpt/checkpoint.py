@@ -7,27 +7,44 @@ Format (version 1): a NumPy ``.npz`` archive (no pickles) holding
 * ``meta``: UTF-8 JSON ``{"format": "nnabla_mpt.checkpoint", "version": 1, "updater":
   <updater state_dict()>, "solver": {<name>: {"t": int, "keys": [...]}}, "params": [...]}``.
 
-:func:`save` writes the archive under a temporary name beside the target, flushes it to
-disk and renames it over the target, so a crash leaves the previous file or the new one,
-never a partial one. :func:`load` reads and checks everything before it changes anything.
+:func:`save` writes the archive through :func:`nnabla_mpt.atomic_file.write`: under a
+temporary name beside the target, flushed to disk and renamed over the target, so a crash
+leaves the previous file or the new one, never a partial one. :func:`load` reads and checks
+everything before it changes anything: a file that is not a checkpoint, or a damaged one,
+is refused by its path with a ``ValueError``.
 """
 import json
 import os
-import tempfile
 import zipfile
+import zlib
 from typing import Any, Callable, Dict, Mapping, Tuple
 
 import numpy as np
 
 from . import _validate as check
+from . import atomic_file
 
 FORMAT = "nnabla_mpt.checkpoint"
 VERSION = 1
+_META_KEYS = ("format", "version", "updater", "solver", "params")
+_ZIP_MAGIC = b"PK\x03\x04"
+#: What reading a damaged ``.npz`` archive raises (bad zip structure, CRC, npy header).
+_DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, ValueError)
 
 
 def save(path: str, params: Mapping[str, Any], solver, updater_state: Mapping) -> None:
     """Writes ``params``' data, ``solver``'s states and ``updater_state`` to ``path``,
-    atomically."""
+    atomically (:func:`nnabla_mpt.atomic_file.write`: the folder is checked before the
+    arrays are gathered)."""
+    def fill(f) -> None:
+        _write_npz(f, _gathered(params, solver, updater_state))
+
+    atomic_file.write(os.fspath(path), fill, "the checkpoint")
+
+
+def _gathered(params: Mapping[str, Any], solver,
+              updater_state: Mapping) -> Dict[str, np.ndarray]:
+    """The archive's arrays, ``meta`` included."""
     arrays: Dict[str, np.ndarray] = {}
     for name, v in params.items():
         arrays[f"param/{name}"] = np.array(v.d, copy=True)
@@ -39,7 +56,7 @@ def save(path: str, params: Mapping[str, Any], solver, updater_state: Mapping) -
     meta = {"format": FORMAT, "version": VERSION, "updater": dict(updater_state),
             "solver": solver_meta, "params": list(params)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    _write_atomically(os.fspath(path), arrays)
+    return arrays
 
 
 def load(path: str, params: Mapping[str, Any], solver,
@@ -47,18 +64,27 @@ def load(path: str, params: Mapping[str, Any], solver,
     """Restores what :func:`save` wrote into ``params`` and ``solver``; returns the updater
     state for the caller to load.
 
-    Everything is checked first, the updater state with ``check_updater_state`` (which
-    raises if it does not fit); only then are the parameters and solver states written.
+    Everything is checked first: the archive, its metadata (the solver states' ``t``
+    included), every array's presence, shape and dtype, and the updater state with
+    ``check_updater_state`` (which raises if it does not fit). Only then are the
+    parameters and solver states written.
 
     Raises:
-        ValueError: the file is not a checkpoint of this format, or its parameters,
-            solver states or updater state do not match (the message lists the names).
+        FileNotFoundError: there is no file at ``path``.
+        ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, or its
+            parameters, solver states or updater state do not match (the message names
+            ``path`` and lists the names).
     """
     path = os.fspath(path)
     meta, data = _read(path)
     states = solver.get_states()
+    _check_names(path, meta, params, states)
     _check_arrays(path, meta, data, params, states)
-    check_updater_state(meta["updater"])
+    try:
+        check_updater_state(meta["updater"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"the updater state in {path!r} does not fit this updater: "
+                         f"{error}") from error
 
     for name, v in params.items():
         v.d = data[f"param/{name}"]
@@ -70,51 +96,98 @@ def load(path: str, params: Mapping[str, Any], solver,
     return meta["updater"]
 
 
+def _corrupted(path: str, what: Any) -> ValueError:
+    return ValueError(f"{path!r} is corrupted: {what}")
+
+
 def _read(path: str) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
-    with np.load(path, allow_pickle=False) as archive:
+    """The checked metadata and the arrays of the checkpoint at ``path``."""
+    with open(path, "rb") as f:
+        head = f.read(len(_ZIP_MAGIC))
+    if head != _ZIP_MAGIC:
+        raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint: "
+                         f"{'it is empty' if not head else 'not an .npz archive'}")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except _DAMAGED as error:
+        raise _corrupted(path, f"a damaged or truncated archive ({error})") from error
+    with archive:
         if "meta" not in archive.files:
             raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint (no metadata)")
-        meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
-        data = {k: archive[k] for k in archive.files if k != "meta"}
+        try:
+            raw = archive["meta"]
+            data = {k: archive[k] for k in archive.files if k != "meta"}
+        except _DAMAGED as error:
+            raise _corrupted(path, f"a damaged archive ({error})") from error
+    return _decoded_meta(path, raw), data
+
+
+def _decoded_meta(path: str, raw: Any) -> Dict[str, Any]:
+    """The metadata from the archive's ``meta`` bytes, checked for format and layout."""
+    if not (isinstance(raw, np.ndarray) and raw.dtype == np.uint8 and raw.ndim == 1):
+        raise _corrupted(path, "its metadata is not an array of bytes")
+    try:
+        meta = json.loads(raw.tobytes().decode("utf-8"))
+    except ValueError as error:           # UnicodeDecodeError, JSONDecodeError too
+        raise _corrupted(path, f"its metadata is not UTF-8 JSON ({error})") from error
+    if not isinstance(meta, dict):
+        raise _corrupted(path, f"its metadata is a JSON {type(meta).__name__}, not an "
+                               f"object")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint of version {VERSION}: "
                          f"format={meta.get('format')!r}, version={meta.get('version')!r}")
-    return meta, data
+    try:
+        check.exact_keys("its metadata", meta, _META_KEYS)
+        _strings("its metadata's 'params'", meta["params"])
+        if not isinstance(meta["solver"], dict):
+            raise TypeError(f"its metadata's 'solver' must be an object, got "
+                            f"{meta['solver']!r}")
+        for name, entry in meta["solver"].items():
+            check.exact_keys(f"solver state {name!r}", entry, ("t", "keys"))
+            check.integer(f"solver state {name!r}: 't'", entry["t"], ge=0)
+            _strings(f"solver state {name!r}: 'keys'", entry["keys"])
+    except (TypeError, ValueError) as error:
+        raise _corrupted(path, error) from error
+    return meta
+
+
+def _strings(name: str, value: Any) -> None:
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise TypeError(f"{name} must be a list of strings, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{name} lists a name twice: {value!r}")
+
+
+def _check_names(path: str, meta: Mapping, params: Mapping[str, Any],
+                 states: Mapping[str, Any]) -> None:
+    """The file holds exactly the parameters and solver states given."""
+    check.exact_keys(f"parameters in {path!r}", dict.fromkeys(meta["params"]), params)
+    check.exact_keys(f"solver states in {path!r}", meta["solver"], states)
+    for name, st in states.items():
+        check.exact_keys(f"solver state {name!r} in {path!r}",
+                         dict.fromkeys(meta["solver"][name]["keys"]), st.pstate)
 
 
 def _check_arrays(path: str, meta: Mapping, data: Mapping[str, np.ndarray],
                   params: Mapping[str, Any], states: Mapping[str, Any]) -> None:
-    """The file holds exactly the parameters and solver states given, in their shapes."""
-    check.exact_keys(f"parameters in {path!r}", {k: None for k in meta["params"]}, params)
-    shapes = [(f"param/{name}", v.shape) for name, v in params.items()]
-    check.exact_keys(f"solver states in {path!r}", meta["solver"], states)
+    """The archive holds every array the metadata lists, and no other, each a float array
+    in the shape of the solver's."""
+    shapes = {f"param/{name}": v.shape for name, v in params.items()}
     for name, st in states.items():
-        check.exact_keys(f"solver state {name!r} in {path!r}",
-                         {k: None for k in meta["solver"][name]["keys"]}, st.pstate)
-        shapes += [(f"solver/{name}/{key}", var.shape) for key, var in st.pstate.items()]
+        shapes.update((f"solver/{name}/{key}", var.shape) for key, var in st.pstate.items())
+    missing, unknown = sorted(set(shapes) - set(data)), sorted(set(data) - set(shapes))
+    if missing or unknown:
+        parts = [f"{what} {names}" for what, names in
+                 (("missing arrays", missing), ("arrays it does not list", unknown)) if names]
+        raise _corrupted(path, f"its arrays do not match its metadata: {'; '.join(parts)}")
+    wrong = [f"{key}: {data[key].dtype}" for key in shapes if data[key].dtype.kind != "f"]
+    if wrong:
+        raise _corrupted(path, f"arrays that are not floating point: {'; '.join(wrong)}")
     wrong = [f"{key}: {tuple(data[key].shape)} in the file, {tuple(shape)} here"
-             for key, shape in shapes if tuple(data[key].shape) != tuple(shape)]
+             for key, shape in shapes.items() if tuple(data[key].shape) != tuple(shape)]
     if wrong:
         raise ValueError(f"arrays in {path!r} do not match the solver's shapes: "
                          f"{'; '.join(wrong)}")
-
-
-def _write_atomically(path: str, arrays: Mapping[str, np.ndarray]) -> None:
-    """Writes ``arrays`` as an ``.npz`` archive beside ``path``, flushes it to disk and
-    renames it over ``path``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write_npz(f, arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
 
 
 def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
@@ -128,17 +201,3 @@ def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
         for key, value in arrays.items():
             with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
-
-
-def _fsync_dir(path: str) -> None:
-    """Flushes the directory entry of a renamed file, where the platform allows it."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

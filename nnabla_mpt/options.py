@@ -346,6 +346,12 @@ def scalar_loss(loss: Any, name: str = "loss") -> "nn.Variable":
     return loss
 
 
+#: The options of the dynamic updater that set a policy setting of another name
+#: (:attr:`DynamicLossScale.SETTINGS`), as :func:`dynamic_policy` passes them; the other
+#: settings are options of the same name.
+OPTION_OF_SETTING = {"growth_factor": "scaling_factor", "growth_interval": "N"}
+
+
 def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
                    ceiling: float) -> DynamicLossScale:
     """The policy of the dynamic updater, its bounds checked against each other; its upper

@@ -16,7 +16,7 @@ Example:
     >>> policy.loss_scale
     1024.0
 """
-from typing import Any, Dict, Literal, Mapping, Optional
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
 from . import _validate as check
 from .dtypes import FLOATS
@@ -182,9 +182,10 @@ class DynamicLossScale:
             k += 1
         return min(self._scale * factor ** k, cap)
 
-    _STATE_KEYS = ("version", "kind", "scale", "good_steps", "hysteresis_left",
-                   "growth_factor", "backoff_factor", "growth_interval", "hysteresis",
-                   "min_scale", "max_scale", "growth_mode")
+    #: The constructor's arguments that a state carries besides the scale.
+    SETTINGS = ("growth_factor", "backoff_factor", "growth_interval", "hysteresis",
+                "min_scale", "max_scale", "growth_mode")
+    _STATE_KEYS = ("version", "kind", "scale", "good_steps", "hysteresis_left") + SETTINGS
 
     def state_dict(self) -> Dict[str, Any]:
         """Every field as plain Python scalars, versioned."""
@@ -218,6 +219,14 @@ class DynamicLossScale:
         self.__dict__.update(fresh.__dict__)
         self._good_steps = good
         self._hysteresis_left = left
+
+    def replaced_settings(self, state: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
+        """The settings (:attr:`SETTINGS`) that loading ``state``, a state
+        :meth:`load_state_dict` accepts, would change: ``name -> (value here, value in
+        state)``, in the order of :attr:`SETTINGS`."""
+        state = _upgraded(state)
+        return {name: (getattr(self, name), state[name]) for name in self.SETTINGS
+                if state[name] != getattr(self, name)}
 
     def __repr__(self) -> str:
         return (f"DynamicLossScale(scale={self._scale:g}, growth_factor={self.growth_factor:g}, "
@@ -281,6 +290,10 @@ class FixedLossScale:
 
     def state_dict(self) -> Dict[str, Any]:
         return {"version": _FIXED_STATE_VERSION, "kind": self.kind, "scale": self._scale}
+
+    def replaced_settings(self, state: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
+        """Empty: a fixed policy's only value, its scale, is its state."""
+        return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         _check_kind(state, self.kind)

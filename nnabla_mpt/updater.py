@@ -299,13 +299,16 @@ class _LossScalingUpdater:
                 "longest_overflow_streak": self._collapse.longest_overflow_streak}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned; all or nothing.
+        """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
+        (``N``, ``max_scale``, ...) come from ``state``; one warning names each it changes.
 
         Raises:
             ValueError: keys are missing or unknown (the message lists them), the version
-                or the updater type differs, or a value is out of range.
+                or the updater type differs, a value is out of range, or the counters
+                contradict each other (the message names them and their values).
         """
         counters = self._check_state(state)
+        _warn_replaced_settings(self.policy, state["policy"])
         self.policy.load_state_dict(state["policy"])
         if self.schedule is not None:
             self.schedule.load_state_dict(state["precision"])
@@ -316,19 +319,14 @@ class _LossScalingUpdater:
         self._collapse.overflow_streak = counters["overflow_streak"]
         self._collapse.longest_overflow_streak = counters["longest_overflow_streak"]
 
-    _COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
-                 "longest_overflow_streak")
-
     def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
         """Checks ``state`` completely, without changing anything; returns the counters."""
-        check.exact_keys("state", state,
-                         ("version", "updater", "policy", "precision") + self._COUNTERS)
+        check.exact_keys("state", state, _STATE_KEYS)
         check.version("state", state, _UPDATER_STATE_VERSION)
         if state["updater"] != type(self).__name__:
             raise ValueError(f"state was saved by {state['updater']}, cannot load it into "
                              f"{type(self).__name__}")
-        counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
-                    for name in self._COUNTERS}
+        counters = _checked_counters(state)
         if (state["precision"] is None) != (self.schedule is None):
             mine = None if self.schedule is None else self.schedule.mode.text
             raise ValueError(f"state has precision schedule {state['precision']!r} but this "
@@ -341,25 +339,70 @@ class _LossScalingUpdater:
     def save_checkpoint(self, path: str) -> None:
         """Writes parameters, solver states and updater state to ``path`` atomically.
 
-        The file is written next to ``path`` under a temporary name, flushed to disk and then
-        renamed over ``path``: a crash leaves either the previous checkpoint or the new one,
-        never a partial file. The format is a NumPy ``.npz`` archive
-        (:mod:`nnabla_mpt.checkpoint`).
+        The file is written beside ``path`` as ``.<name>.tmp``, flushed to disk and renamed
+        over ``path``: a crash leaves the previous checkpoint or the new one, never a
+        partial file; the next save replaces a killed save's temporary. A new file gets
+        the umask's permissions, an existing one keeps its own; a symlink stays, its
+        target is replaced. The format: :mod:`nnabla_mpt.checkpoint`.
+
+        Raises:
+            OSError: the folder does not exist (``FileNotFoundError``, checked first) or
+                writing failed (the previous checkpoint stays); the message names ``path``.
         """
         checkpoint.save(path, self._params, self.solver, self.state_dict())
 
     def load_checkpoint(self, path: str) -> None:
-        """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state.
-
-        Everything is read and checked before anything is changed.
+        """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state;
+        all checked before anything is changed (settings it changes are logged as by
+        :meth:`load_state_dict`).
 
         Raises:
-            ValueError: the file is not a checkpoint of this format, or its parameters,
-                solver states or updater state do not match this updater (the message lists
-                the names). Nothing is changed then.
+            FileNotFoundError: there is no file at ``path``.
+            ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, or its
+                parameters, solver states or updater state do not match this updater (the
+                message names ``path`` and lists the names). Nothing is changed then.
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)
+
+
+_COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
+             "longest_overflow_streak")
+_STATE_KEYS = ("version", "updater", "policy", "precision") + _COUNTERS
+
+
+def _checked_counters(state: Mapping[str, Any]) -> Dict[str, int]:
+    """The updater's counters in ``state``, each an integer >= 0, consistent together."""
+    counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
+                for name in _COUNTERS}
+    steps, updates, skipped, streak, longest = (counters[name] for name in _COUNTERS)
+    wrong = [text for broken, text in (
+        (updates + skipped != steps,
+         f"updates={updates} + skipped_steps={skipped} != steps={steps}"),
+        (streak > longest, f"overflow_streak={streak} > longest_overflow_streak={longest}"),
+        (streak > skipped, f"overflow_streak={streak} > skipped_steps={skipped}"),
+        (longest > skipped, f"longest_overflow_streak={longest} > skipped_steps={skipped}"),
+    ) if broken]
+    if wrong:
+        raise ValueError(f"state's counters are inconsistent: {'; '.join(wrong)}")
+    return counters
+
+
+def _warn_replaced_settings(policy, state: Mapping[str, Any]) -> None:
+    """Logs one warning naming each setting of ``policy`` that loading ``state`` replaces,
+    by the name of the updater's option."""
+    replaced = policy.replaced_settings(state)
+    if replaced:
+        values = ", ".join(f"{options.OPTION_OF_SETTING.get(name, name)}={_shown(mine)} "
+                           f"with {_shown(saved)}" for name, (mine, saved) in replaced.items())
+        logger.warning(f"nnabla_mpt: the loaded state replaces the constructor's {values}")
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an argument would be written: 32768 for 32768.0, 'probe' quoted."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)
 
 
 @options.DYNAMIC.describe

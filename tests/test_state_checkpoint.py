@@ -2,6 +2,7 @@
 import errno
 import gc
 import json
+import logging
 import os
 import resource
 import signal
@@ -125,6 +126,65 @@ def test_load_state_dict_errors_change_nothing(mutate, exc, message):
     assert updater.state_dict() == before
 
 
+@pytest.mark.parametrize("counters, message", [
+    ({"steps": 9}, r"updates=3 \+ skipped_steps=5 != steps=9"),
+    ({"updates": 4, "steps": 9, "overflow_streak": 5},
+     r"overflow_streak=5 > longest_overflow_streak=4"),
+    ({"overflow_streak": 6, "longest_overflow_streak": 6},
+     r"overflow_streak=6 > skipped_steps=5"),
+    ({"longest_overflow_streak": 6}, r"longest_overflow_streak=6 > skipped_steps=5"),
+], ids=["steps", "streak above longest", "streak above skipped", "longest above skipped"])
+def test_load_state_dict_refuses_inconsistent_counters(counters, message):
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale=16.0, N=3, hysteresis=2)
+    updater.update()
+    before = updater.state_dict()
+    with pytest.raises(ValueError, match=r"state's counters are inconsistent: " + message):
+        updater.load_state_dict(_mutated(lambda s: s.update(counters)))
+    assert updater.state_dict() == before
+
+
+def _nnabla_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "nnabla" and r.levelno == logging.WARNING]
+
+
+def test_load_state_dict_warns_once_about_the_settings_it_replaces(caplog):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    net = Net()
+    same = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, scale=8.0, N=3,
+                                     hysteresis=2)
+    same.load_state_dict(EXPECTED_STATE)
+    assert _nnabla_warnings(caplog) == []
+
+    other = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, N=2000,
+                                      scaling_factor=4.0, min_scale=2.0)
+    other.load_state_dict(EXPECTED_STATE)
+    assert _nnabla_warnings(caplog) == [
+        "nnabla_mpt: the loaded state replaces the constructor's scaling_factor=4 with 2, "
+        "backoff_factor=0.25 with 0.5, N=2000 with 3, hysteresis=1 with 2, "
+        "min_scale=2 with 1"]
+    assert (other.N, other.scaling_factor, other.policy.min_scale) == (3, 2.0, 1.0)
+
+
+def test_load_checkpoint_warns_about_the_settings_it_replaces(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    first = Net("half", scope="first")
+    saved = DynamicLossScalingUpdater(first.solver("Sgd", lr=0.1), first.loss, scale=1024.0,
+                                      max_scale=16384.0, backoff_factor=0.25,
+                                      growth_mode="measured")
+    path = tmp_path / "ckpt.npz"
+    saved.save_checkpoint(path)
+    second = Net("half", scope="first")
+    resumed = DynamicLossScalingUpdater(second.solver("Sgd", lr=0.1), second.loss)
+    resumed.load_checkpoint(path)
+    assert _nnabla_warnings(caplog) == [
+        "nnabla_mpt: the loaded state replaces the constructor's backoff_factor=0.5 with "
+        "0.25, max_scale=32768 with 16384, growth_mode='probe' with 'measured'"]
+    assert resumed.state_dict() == saved.state_dict()
+
+
 def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
     import nnabla as nn
     import nnabla.functions as F
@@ -146,7 +206,7 @@ def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
     before = updater.state_dict()
     state = json.loads(json.dumps(before))
     state["policy"]["scale"] = 8.0
-    state["steps"] = 3
+    state["steps"] = state["updates"] = 3
     state["precision"]["total_steps"] = 20          # not this updater's schedule
     with pytest.raises(ValueError, match=r"precision schedule .* differs"):
         updater.load_state_dict(state)

@@ -1,0 +1,314 @@
+"""The checkpoint file itself: a save names the user's path when it cannot be made, leaves
+nothing behind when it is killed, gives the file the permissions the user expects and writes
+through a symlink; a foreign, damaged or crafted file is refused by name before anything is
+changed."""
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+
+import numpy as np
+import pytest
+
+from nnabla_mpt import DynamicLossScalingUpdater
+from support import Net, assert_bitwise_equal, assert_states_bitwise_equal, solver_states
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
+                      "save_loop_worker.py")
+
+
+def _adam_run(scope="net"):
+    net = Net(scope=scope, hidden=3)
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=32.0, N=2)
+    return net, solver, updater
+
+
+def _everything(net, solver, updater):
+    return net.snapshot(), solver_states(solver), updater.state_dict()
+
+
+def _assert_unchanged(net, solver, updater, before):
+    assert_bitwise_equal(net.snapshot(), before[0])
+    assert_states_bitwise_equal(solver_states(solver), before[1])
+    assert updater.state_dict() == before[2]
+
+
+# -- saving: errors name the user's path ---------------------------------------------------
+
+def test_save_into_a_missing_folder_names_the_path_and_the_folder(tmp_path):
+    _, _, updater = _adam_run()
+    path = tmp_path / "missing" / "ckpt.npz"
+    with pytest.raises(FileNotFoundError) as info:
+        updater.save_checkpoint(path)
+    message = str(info.value)
+    assert f"cannot save the checkpoint to {str(path)!r}" in message
+    assert f"the folder {str(tmp_path / 'missing')!r} does not exist" in message
+    assert os.listdir(tmp_path) == []
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match=r"cannot save the checkpoint to .*'"
+                                                 r".*/file/ckpt\.npz'.* is not a folder"):
+        updater.save_checkpoint(tmp_path / "file" / "ckpt.npz")
+    assert os.listdir(tmp_path) == ["file"]
+
+
+# -- loading: a file that is no checkpoint, or a damaged one -------------------------------
+
+def _saved(tmp_path):
+    net, solver, updater = _adam_run()
+    updater.update()
+    path = tmp_path / "ckpt.npz"
+    updater.save_checkpoint(path)
+    return net, solver, updater, path
+
+
+def _rewrite(source, target, edit_meta=None, drop=()):
+    """Writes ``source``'s arrays to ``target`` as ``np.savez`` does: a consistent archive
+    whose metadata ``edit_meta(meta)`` changed in place, without the arrays ``drop``."""
+    with np.load(source) as archive:
+        arrays = {k: archive[k] for k in archive.files if k not in drop}
+    if edit_meta is not None:
+        meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
+        edit_meta(meta)
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    np.savez(target, **arrays)
+
+
+def _with_meta_bytes(source, target, raw):
+    with np.load(source) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    arrays["meta"] = np.frombuffer(raw, dtype=np.uint8)
+    np.savez(target, **arrays)
+
+
+def _zip_with_raw_meta(source, target):
+    with zipfile.ZipFile(target, "w") as archive:
+        archive.writestr("meta", "{}")
+
+
+DAMAGED = {
+    "empty file": lambda s, t: t.write_bytes(b""),
+    "text file": lambda s, t: t.write_text("step 3: loss 0.25\n"),
+    "npy file": lambda s, t: np.save(str(t) + ".npy", np.zeros(3)) or os.rename(
+        str(t) + ".npy", t),
+    "truncated checkpoint": lambda s, t: t.write_bytes(s.read_bytes()[:-200]),
+    "zip that is not npz": _zip_with_raw_meta,
+    "meta not JSON": lambda s, t: _with_meta_bytes(s, t, b"{not json"),
+    "meta not UTF-8": lambda s, t: _with_meta_bytes(s, t, b"\xff\xfe{}"),
+    "meta not an object": lambda s, t: _with_meta_bytes(s, t, b"[1, 2]"),
+    "meta without solver": lambda s, t: _rewrite(s, t, lambda m: m.pop("solver")),
+    "meta without params": lambda s, t: _rewrite(s, t, lambda m: m.pop("params")),
+    "solver entry without keys": lambda s, t: _rewrite(
+        s, t, lambda m: m["solver"]["out/affine/b"].pop("keys")),
+    "array missing": lambda s, t: _rewrite(s, t, drop=("param/out/affine/W",)),
+    "solver array missing": lambda s, t: _rewrite(s, t, drop=("solver/out/affine/W/var",)),
+    "array of strings": lambda s, t: _rewrite_array(s, t, "param/out/affine/b",
+                                                    np.array(["a", "b"])),
+    "array of booleans": lambda s, t: _rewrite_array(s, t, "param/out/affine/b",
+                                                     np.array([True, False])),
+}
+
+
+def _rewrite_array(source, target, key, value):
+    with np.load(source) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    arrays[key] = value
+    np.savez(target, **arrays)
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_load_refuses_a_file_that_is_not_a_sound_checkpoint_by_name(tmp_path, case):
+    net, solver, updater, good = _saved(tmp_path)
+    path = tmp_path / "bad.npz"
+    DAMAGED[case](good, path)
+    updater.update()
+    before = _everything(net, solver, updater)
+    with pytest.raises(ValueError) as info:
+        updater.load_checkpoint(path)
+    message = str(info.value)
+    assert repr(str(path)) in message, message
+    assert "not an nnabla_mpt checkpoint" in message or "is corrupted" in message, message
+    _assert_unchanged(net, solver, updater, before)
+
+
+def _set_t(value):
+    def edit(meta):
+        entry = meta["solver"]["out/affine/b"]
+        if value is _MISSING:
+            entry.pop("t")
+        else:
+            entry["t"] = value
+    return edit
+
+
+_MISSING = object()
+
+
+@pytest.mark.parametrize("t", ["1", _MISSING, -1, 1.0, True],
+                         ids=["string", "missing", "negative", "float", "bool"])
+def test_load_with_a_bad_solver_t_changes_nothing(tmp_path, t):
+    net, solver, updater, good = _saved(tmp_path)
+    path = tmp_path / "crafted.npz"
+    _rewrite(good, path, _set_t(t))
+    updater.update()
+    before = _everything(net, solver, updater)
+    with pytest.raises(ValueError, match=r"'t'") as info:
+        updater.load_checkpoint(path)
+    assert repr(str(path)) in str(info.value)
+    assert "out/affine/b" in str(info.value)
+    _assert_unchanged(net, solver, updater, before)
+
+
+# -- nothing left behind -------------------------------------------------------------------
+
+def test_a_stale_temporary_of_a_killed_save_is_replaced_by_the_next_save(tmp_path):
+    _, _, updater = _adam_run()
+    path = tmp_path / "ckpt.npz"
+    updater.save_checkpoint(path)
+    previous = path.read_bytes()
+    # What a save killed after it had started writing leaves: part of an archive.
+    (tmp_path / ".ckpt.npz.tmp").write_bytes(previous[:100])
+    updater.update()
+    updater.save_checkpoint(path)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.npz"]
+    assert path.read_bytes() != previous
+    updater.load_checkpoint(path)
+    assert updater.steps == 1
+
+
+def test_a_save_waits_for_a_save_in_progress_to_the_same_file(tmp_path):
+    """A temporary that is locked belongs to a save still writing: the next save waits for
+    it instead of taking it over, then replaces it."""
+    _, _, updater = _adam_run()
+    path = tmp_path / "ckpt.npz"
+    with open(tmp_path / ".ckpt.npz.tmp", "wb") as writing:   # another save, writing
+        fcntl.flock(writing.fileno(), fcntl.LOCK_EX)
+        errors = []
+        second = threading.Thread(target=lambda: _run(errors, updater.save_checkpoint, path))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive()                  # it waits ...
+        assert sorted(os.listdir(tmp_path)) == [".ckpt.npz.tmp"]
+    second.join(60)                               # ... until the other one is gone
+    assert not second.is_alive() and errors == []
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.npz"]
+    updater.load_checkpoint(path)
+
+
+def _run(errors, function, *args):
+    try:
+        function(*args)
+    except BaseException as error:               # reported by the test's thread
+        errors.append(error)
+
+
+def _kill_while_writing(directory, timeout=60.0):
+    """Starts a process that saves a large checkpoint to ``directory`` over and over, and
+    kills it with SIGKILL once a save has started writing (a file beside the checkpoint
+    holds some bytes). Returns the names in ``directory`` after the kill."""
+    proc = subprocess.Popen([sys.executable, WORKER, str(directory / "ckpt.npz")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _bytes_beside(directory / "ckpt.npz") > 0:   # a save is writing
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read().decode())
+            time.sleep(0.001)
+        else:
+            raise AssertionError("the worker never started a second save")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return sorted(os.listdir(directory))
+
+
+def _bytes_beside(path):
+    """The bytes in the files beside ``path`` (0 until ``path`` exists)."""
+    if not path.exists():
+        return 0
+    total = 0
+    for name in os.listdir(path.parent):
+        if name != path.name:
+            try:
+                total += os.path.getsize(path.parent / name)
+            except FileNotFoundError:               # renamed meanwhile
+                pass
+    return total
+
+
+def test_a_save_killed_while_writing_leaves_nothing_after_the_next_save(tmp_path):
+    # The kill can land between two saves, where nothing is being written; try again then.
+    for _ in range(5):
+        for name in os.listdir(tmp_path):
+            os.unlink(tmp_path / name)
+        left = _kill_while_writing(tmp_path)
+        if _bytes_beside(tmp_path / "ckpt.npz") > 0:
+            break
+    assert _bytes_beside(tmp_path / "ckpt.npz") > 0, left   # the killed save's temporary
+    with np.load(tmp_path / "ckpt.npz") as archive:  # the previous checkpoint is whole
+        assert "meta" in archive.files and zipfile.is_zipfile(tmp_path / "ckpt.npz")
+    _, _, updater = _adam_run()
+    updater.save_checkpoint(tmp_path / "ckpt.npz")
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.npz"]
+    updater.load_checkpoint(tmp_path / "ckpt.npz")
+
+
+# -- permissions and symlinks --------------------------------------------------------------
+
+@pytest.fixture
+def umask():
+    """Sets the process's umask for the test; the previous one is restored after."""
+    previous = os.umask(0o022)
+    yield os.umask
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640)],
+                         ids=["umask 022", "umask 027"])
+def test_a_new_checkpoint_gets_the_permissions_the_umask_gives(tmp_path, umask, mask, mode):
+    _, _, updater = _adam_run()
+    umask(mask)
+    path = tmp_path / "ckpt.npz"
+    updater.save_checkpoint(path)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(mode)
+
+
+def test_an_existing_checkpoint_keeps_its_permissions(tmp_path, umask):
+    _, _, updater = _adam_run()
+    path = tmp_path / "ckpt.npz"
+    updater.save_checkpoint(path)
+    os.chmod(path, 0o640)
+    updater.update()
+    updater.save_checkpoint(path)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o640)
+    updater.load_checkpoint(path)
+    assert updater.steps == 1
+
+
+def test_saving_through_a_symlink_replaces_the_link_target(tmp_path):
+    _, _, updater = _adam_run()
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "ckpt.npz"
+    link.symlink_to(os.path.join("real", "ckpt.npz"))   # dangling until the first save
+    for steps in (0, 1):
+        updater.save_checkpoint(link)
+        assert link.is_symlink()
+        assert os.readlink(link) == os.path.join("real", "ckpt.npz")
+        assert sorted(os.listdir(tmp_path)) == ["ckpt.npz", "real"]
+        assert sorted(os.listdir(tmp_path / "real")) == ["ckpt.npz"]
+        updater.update()
+        updater.load_checkpoint(tmp_path / "real" / "ckpt.npz")
+        assert updater.steps == steps
+        updater.update()
