@@ -334,3 +334,20 @@ def test_precision_schedule_flag_is_checked(tmp_path, args, message):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_the_report_says_fp16_on_the_cpu_is_emulated(short_run):
+    _, _, stdout = short_run
+    text = " ".join(stdout.split())
+    assert "fp16 on the CPU is emulated by nnabla" in text
+    assert "the speed of fp16 is a GPU matter" in text
+
+
+def test_no_progress_bars_when_stderr_is_not_a_terminal(tmp_path):
+    # Without --no-progress, and stderr redirected (a pipe here): no bar updates.
+    cmd = [sys.executable, str(DEMO), "--out", str(tmp_path), "--steps", "20",
+           "--interval", "10", "--stats-every", "10"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "it/s" not in proc.stderr and "\r" not in proc.stderr
+    assert len(proc.stderr) < 2000, proc.stderr
