@@ -72,6 +72,30 @@ def layout(arrays: Sequence, dtypes: Sequence[np.dtype], dtype: np.dtype, ctx) -
     return Layout(dtype, off, ptrs, starts, stops, own, converted)
 
 
+def signature(lay: Layout, n_arrays: int):
+    """``(elements, arrays, itemsize, sizes)``: what a rank passed to one all-reduce, for
+    the ranks to compare. ``sizes`` is a fingerprint of the arrays' sizes in order (the
+    same elements in another order or cut differently give another one)."""
+    sizes = hash(tuple(lay.stops)) & ((1 << 62) - 1)
+    return lay.total, n_arrays, lay.dtype.itemsize, sizes
+
+
+def check_signatures(seen) -> None:
+    """Raise the same ``ValueError`` on every rank if the ranks' signatures differ."""
+    if all(s[:4] == seen[0][:4] for s in seen):
+        return
+    if all(s[:3] == seen[0][:3] for s in seen):
+        s = seen[0]
+        what = (f"{_plural(s[1], 'array')} of {_plural(s[0], 'element')} in total on every "
+                f"rank, but the arrays' sizes differ in order on rank(s) "
+                + ", ".join(str(j) for j, t in enumerate(seen) if t[3] != s[3]))
+    else:
+        what = "; ".join(f"rank {j}: {_plural(s[1], 'array')} of {_plural(s[0], 'element')} "
+                         f"in total, summed in float{8 * s[2]}" for j, s in enumerate(seen))
+    raise ValueError(f"all_reduce: the ranks passed different data ({what}); every rank "
+                     f"must pass arrays of the same sizes and dtypes in the same order")
+
+
 def _view(ptr: int, n: int, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer((ctypes.c_char * (n * dtype.itemsize)).from_address(ptr), dtype=dtype)
 
@@ -150,8 +174,14 @@ class MessageReduction:
         self._buffer = np.empty(0, np.float32)
         self._block = np.empty(0, np.float32)
 
-    def all_reduce(self, lay: Layout, division: bool) -> None:
-        """Sum (or average) the arrays of ``lay`` over the ranks, in place."""
+    def all_reduce(self, lay: Layout, n_arrays: int, division: bool) -> None:
+        """Sum (or average) the arrays of ``lay`` over the ranks, in place.
+
+        The ranks first compare what they passed (one ``allgather`` of four numbers), so
+        that a mismatch raises the same ``ValueError`` on every rank instead of an MPI
+        error ("Message truncated") on some, or sums of unrelated data.
+        """
+        check_signatures(self.comm.allgather(signature(lay, n_arrays)))
         total = lay.total
         padded = -(-total // self._size) * self._size
         buf = self._get_buffer(padded, lay.dtype)
@@ -313,7 +343,7 @@ class SharedMemoryReduction:
             where = (0, 0, 0)
         else:
             where = (place[0].ident, place[1], place[2])
-        self._headers[r][slot] = (total, n_arrays, lay.dtype.itemsize, 0) + where + (0,)
+        self._headers[r][slot] = signature(lay, n_arrays) + where + (0,)
         lo = 0
         while True:  # at least once, so that an empty call still checks the headers
             hi = min(total, lo + chunk)
@@ -372,12 +402,8 @@ class SharedMemoryReduction:
         """Raise if the ranks passed different data; return whether all of them passed the
         same place in a :class:`SharedArrays` (so that the sums can be made there)."""
         seen = [tuple(int(v) for v in h[slot]) for h in self._headers]
-        if all(s[:3] == seen[0][:3] for s in seen):
-            return seen[0][4] != 0 and all(s[4:7] == seen[0][4:7] for s in seen)
-        what = "; ".join(f"rank {j}: {_plural(s[1], 'array')} of {_plural(s[0], 'element')} "
-                         f"in total, summed in float{8 * s[2]}" for j, s in enumerate(seen))
-        raise ValueError(f"all_reduce: the ranks passed different data ({what}); every rank "
-                         f"must pass arrays of the same sizes and dtypes in the same order")
+        check_signatures(seen)
+        return seen[0][4] != 0 and all(s[4:7] == seen[0][4:7] for s in seen)
 
 
 def _block(n: int, P: int, r: int):

@@ -263,8 +263,9 @@ class MPICommunicator:
         dtypes = [dtype_of(a) for a in arrays]
         lay = _fused.layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
         if self._shm is None:
-            self._messages.all_reduce(lay, division)
-            self.n_collectives += 2  # Reduce_scatter_block + Allgather, or Reduce + Bcast
+            self._messages.all_reduce(lay, len(arrays), division)
+            # the signatures' allgather, then Reduce_scatter_block + Allgather or Reduce + Bcast
+            self.n_collectives += 3
             return
         place = self._windows.locate(lay)
         before = self._shm.barriers

@@ -128,6 +128,22 @@ def test_all_reduce_is_bitwise_identical_on_all_ranks(collectives, alg):
     _assert_same_bits_on_all_ranks(res, key)
 
 
+@pytest.mark.parametrize("alg", ["reduce_scatter", "reduce_bcast"])
+def test_different_data_raises_the_same_error_on_every_rank(collectives, alg):
+    n, res = collectives
+    head, tail = "all_reduce: the ranks passed different data (", (
+        "); every rank must pass arrays of the same sizes and dtypes in the same order")
+    sizes = "; ".join(f"rank {r}: 1 array of {5 + r} elements in total, summed in float32"
+                      for r in range(n))
+    order = ("2 arrays of 6 elements in total on every rank, but the arrays' sizes differ "
+             "in order on rank(s) " + ", ".join(str(r) for r in range(1, n)))
+    for npz, meta in res:
+        assert meta[f"mismatch_{alg}_sizes"] == head + sizes + tail
+        assert meta[f"mismatch_{alg}_order"] == head + order + tail
+        np.testing.assert_array_equal(npz[f"after_mismatch_{alg}"],
+                                      np.full(3, n * (n + 1) / 2, np.float32))
+
+
 def test_bcast_copies_bits_and_dtype_from_src(collectives):
     n, res = collectives
     src = n - 1

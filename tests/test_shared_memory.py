@@ -106,6 +106,10 @@ def test_different_data_on_the_ranks_raises_the_same_error_everywhere(shm):
     for npz, meta in res:
         assert meta["mismatch_sizes"] == f"all_reduce: the ranks passed different data ({sizes}){tail}"
         assert meta["mismatch_count"] == f"all_reduce: the ranks passed different data ({count}){tail}"
+        # the same sizes in another order were summed as if they matched before
+        order = ("2 arrays of 6 elements in total on every rank, but the arrays' sizes "
+                 "differ in order on rank(s) " + ", ".join(str(r) for r in range(1, n)))
+        assert meta["mismatch_order"] == f"all_reduce: the ranks passed different data ({order}){tail}"
         # and the communicator keeps working afterwards
         np.testing.assert_array_equal(npz["after_mismatch_out0"],
                                       np.full(4, n * (n + 1) / 2, np.float32))

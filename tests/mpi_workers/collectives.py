@@ -85,6 +85,18 @@ for alg in ("reduce_scatter", "reduce_bcast"):
     c.all_reduce(nds)
     out[f"bits_{alg}_in"] = x
     out[f"bits_{alg}_out"] = np.concatenate([a.data for a in nds])
+    # ranks that pass different data, or the same sizes in another order: the same
+    # ValueError on every rank (not an MPI error on some), and the communicator works on
+    for tag, data in (("sizes", [np.ones(5 + r, np.float32)]),
+                      ("order", [np.ones(2, np.float32), np.ones(4, np.float32)][::1 - 2 * (r > 0)])):
+        try:
+            c.all_reduce([ndarray(x) for x in data])
+            meta[f"mismatch_{alg}_{tag}"] = None
+        except ValueError as e:
+            meta[f"mismatch_{alg}_{tag}"] = str(e)
+    after = ndarray(np.full(3, r + 1.0, np.float32))
+    c.all_reduce(after)
+    out[f"after_mismatch_{alg}"] = after.data.copy()
 
 # -- bcast from the last rank: float32 and float16; a receiver whose array is float32
 #    where the sender's is float16 takes the sender's dtype

@@ -62,7 +62,8 @@ for k in range(5):
 #    communicator still works
 for tag, data in (("sizes", [np.ones(5 + r, np.float32)]),
                   ("count", [np.ones(6, np.float32)] if r == 0 else
-                            [np.ones(3, np.float32), np.ones(3, np.float32)])):
+                            [np.ones(3, np.float32), np.ones(3, np.float32)]),
+                  ("order", [np.ones(2, np.float32), np.ones(4, np.float32)][::1 - 2 * (r > 0)])):
     try:
         comm.all_reduce([ndarray(x) for x in data])
         meta[f"mismatch_{tag}"] = None
