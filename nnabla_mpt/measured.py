@@ -5,10 +5,14 @@ run at some scale ``s``, which finds how far the pass's gradients could be multi
 before one of them leaves its dtype::
 
     R = min over every gradient g of the pass and the parameters' gradients of
-            dtype_max(g) / (max |g| * m(g))
+            dtype_max(g) / (b(g) * s)        where g has a bound b(g), in units of s
+            dtype_max(g) / (MARGIN * max|g|)  for the others
 
-    m(g) = MARGIN  for the parameters' gradients and any gradient larger than s,
-           1       for the pass's other gradients
+A gradient has a bound when it is the seed (the scale) passed down through functions
+that cannot enlarge it (:data:`~nnabla_mpt.watch.NON_EXPANDING`: the loss's reductions,
+a cross-entropy, ReLU, tanh, ...): whatever the data, it stays within ``b(g) * s``, so it
+only has to fit. Every other gradient, and the parameters', depends on the data in ways
+one batch cannot bound, and keeps ``MARGIN`` to its dtype's largest value.
 
 * **Ceiling.** ``loss.backward(scale)`` seeds the pass with the scale in the loss's dtype,
   so no scale above the largest power of two that dtype holds can work (``2**15`` for
@@ -30,15 +34,14 @@ With a communicator every rank takes the smallest ``R`` (the smallest start) ove
 ranks: the largest gradient decides, and the ranks stay identical.
 
 The margin, ``MARGIN = 2**3``: the measurement sees one batch, and the next batches'
-gradients differ. The parameters' gradients (sums over the batch) and any gradient larger
-than the scale (an activation's gradient amplified by the layers above) can grow past
-their dtype before the scale reaches the ceiling, so they must stay 8 times below their
-dtype's largest value: a later batch's may be 8 times the measured one's. The pass's other
-gradients, no larger than the scale (the inputs of a summed loss, which are the scale
-itself; a softmax cross-entropy's input gradients, ``(p - y) * s``), grow with the scale
-and stay below the ceiling, which float16 holds with a factor of 2 to spare: they only
-have to fit. The cost of the margin is at most 3 bits at the bottom, where the smallest
-gradients underflow; the gradient statistics show whether that matters.
+gradients differ. A gradient with no bound (a parameter's gradient, summed over the
+batch; an activation's gradient, amplified by the weights above it) must stay 8 times
+below its dtype's largest value: a later batch's may be 8 times the measured one's. The
+gradients the loss's reductions and a cross-entropy hand down are bounded by the scale
+itself (the inputs of a summed loss are the scale), so asking the margin of them would
+keep a summed loss 3 powers of two below the ceiling for no reason. The cost of the
+margin is at most 3 bits at the bottom, where the smallest gradients underflow; the
+gradient statistics show whether that matters.
 """
 import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -59,18 +62,17 @@ PROBE_STEP = 2.0 ** 8
 
 def room(watch: RangeWatch, scale: float) -> Tuple[float, float]:
     """``(R, largest)`` of a watched pass run at ``scale``: how far the scale may be
-    multiplied (see the module's docstring: the parameters' gradients and the gradients
-    larger than the scale need :data:`MARGIN`, the others only their dtype's range;
-    ``inf`` when every gradient is zero, 0 when one is not finite), and the largest
-    ``max |g|`` seen (0 if none)."""
-    maxima, limits, parameters = watch.read()
+    multiplied (see the module's docstring; ``inf`` when every gradient is zero, 0 when
+    one is not finite), and the largest ``max |g|`` seen (0 if none)."""
+    maxima, limits, bounds = watch.read()
     if maxima.size == 0:
         return math.inf, 0.0
     if not np.isfinite(maxima).all():
         return 0.0, math.inf
-    margins = np.where(parameters | (maxima > scale), MARGIN, 1.0)
     with np.errstate(divide="ignore"):
-        return float((limits / (maxima * margins)).min()), float(maxima.max())
+        rooms = np.where(np.isfinite(bounds), limits / (bounds * scale),
+                         limits / (maxima * MARGIN))
+    return float(rooms.min()), float(maxima.max())
 
 
 def calibrated_scale(probe: float, room: float, lower: float, upper: float) -> float:

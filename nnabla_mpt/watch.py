@@ -19,7 +19,8 @@ import numpy as np
 from .dtypes import FLOATS
 from .report import OverflowReport
 
-__all__ = ["ForwardWatch", "BackwardHooks", "BackwardWatch", "RangeWatch", "FunctionRecord",
+__all__ = ["ForwardWatch", "BackwardHooks", "BackwardWatch", "RangeWatch", "NON_EXPANDING",
+           "FunctionRecord",
            "array_stats", "dtype_name", "narrowest_float", "narrowest_float_max"]
 
 
@@ -390,6 +391,14 @@ class BackwardWatch(BackwardHooks):
         return [by_index[i] for i in sorted(found)]
 
 
+#: Functions whose backward pass cannot make a gradient larger than the largest gradient
+#: flowing into them: each input's gradient is the output's gradient passed on (reshaped,
+#: spread by a reduction, divided) or multiplied by a derivative of at most 1 in absolute
+#: value (a cross-entropy's ``p - y``, a ReLU's 0 or 1, tanh's and sigmoid's slopes).
+NON_EXPANDING = frozenset({"Sum", "Mean", "Reshape", "Identity", "SoftmaxCrossEntropy",
+                           "SigmoidCrossEntropy", "ReLU", "Tanh", "Sigmoid", "Abs"})
+
+
 class RangeWatch(BackwardHooks):
     """How close the gradients of backward passes come to their dtype's largest value.
 
@@ -400,6 +409,11 @@ class RangeWatch(BackwardHooks):
     :meth:`read` reads them back, all at once. The seed of a pass, the loss's own
     gradient (the scale itself), is not watched: it is exact, and a scale the loss dtype
     cannot hold is the ceiling's business.
+
+    Each watched gradient also gets a *bound*, in units of the scale, when its size is
+    known whatever the data: the seed's is 1; a function of :data:`NON_EXPANDING` hands
+    the largest bound of its outputs to each input (summed over the functions that
+    consume the input); any other function, and the parameters, give none (``inf``).
 
     Args:
         loss: The loss whose backward passes are watched.
@@ -412,21 +426,31 @@ class RangeWatch(BackwardHooks):
         self._ctx = ctx
         self._maxima: List[Any] = []
         self._limits: List[float] = []
-        self._added: List[bool] = []
+        self._bounds: List[float] = []
+        self._bound_of: Dict[int, float] = {}
 
     def on_pre(self, f: Any) -> None:
-        for v in f.outputs:
-            if hash(v) != self._loss:
-                self._watch(v.grad, False)
+        outputs = [hash(v) for v in f.outputs]
+        if self._loss in outputs:
+            self._bound_of = {self._loss: 1.0}      # a new pass starts at the seed
+        for v, h in zip(f.outputs, outputs):
+            if h != self._loss:
+                self._watch(v.grad, self._bound_of.get(h, math.inf))
+        passed = (max(self._bound_of.get(h, math.inf) for h in outputs)
+                  if f.info.type_name in NON_EXPANDING else math.inf)
+        for v in f.inputs:
+            if v.need_grad:
+                h = hash(v)
+                self._bound_of[h] = self._bound_of.get(h, 0.0) + passed
 
     def add(self, arrays: List[Any]) -> "RangeWatch":
         """Watches ``arrays`` (nnabla NdArrays, the parameters' gradients) too, as they
-        are now."""
+        are now, with no bound."""
         for a in arrays:
-            self._watch(a, True)
+            self._watch(a, math.inf)
         return self
 
-    def _watch(self, array: Any, added: bool) -> None:
+    def _watch(self, array: Any, bound: float) -> None:
         name = dtype_name(array)
         if name not in FLOATS or array.size == 0:
             return
@@ -435,18 +459,18 @@ class RangeWatch(BackwardHooks):
         with nn.context_scope(self._ctx):
             self._maxima.append(F.reshape(F.max(F.abs(array)), (1,)))
         self._limits.append(FLOATS[name].max)
-        self._added.append(added)
+        self._bounds.append(bound)
 
     def read(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(maxima, limits, added)``: the largest ``|g|`` of every watched gradient, read
-        back now, all at once; the largest finite value of each one's dtype; and whether it
-        came from :meth:`add` rather than from the pass (float64 and bool arrays, empty
-        when nothing was watched)."""
+        """``(maxima, limits, bounds)``: the largest ``|g|`` of every watched gradient, read
+        back now, all at once; the largest finite value of each one's dtype; and each
+        one's bound in units of the scale (``inf`` for none). Float64 arrays, empty when
+        nothing was watched."""
         if not self._maxima:
-            return np.empty(0), np.empty(0), np.empty(0, dtype=bool)
+            return np.empty(0), np.empty(0), np.empty(0)
         import nnabla as nn
         import nnabla.functions as F
         with nn.context_scope(self._ctx):
             maxima = np.asarray(F.concatenate(*self._maxima, axis=0).data, dtype=np.float64)
         return (maxima, np.asarray(self._limits, dtype=np.float64),
-                np.asarray(self._added, dtype=bool))
+                np.asarray(self._bounds, dtype=np.float64))

@@ -14,32 +14,41 @@ from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
                         LossScaleCollapseError)
 from nnabla_mpt.dtypes import FLOATS
 from nnabla_mpt.measured import MARGIN
+from nnabla_mpt.watch import NON_EXPANDING
 from support import Net, assert_bitwise_equal, assert_states_bitwise_equal, solver_states
 
 
 def room_by_numpy(loss, params, scale):
     """``R`` computed independently, by the rule of nnabla_mpt.measured: a backward pass at
-    ``scale`` read with NumPy, every function's output gradient but the loss's own, and the
-    parameters' gradients; these and those larger than the scale need the margin."""
-    rooms = []
+    ``scale`` read with NumPy. A gradient handed down from the seed through functions that
+    cannot enlarge it is bounded (in units of the scale) and only has to fit; every other
+    one, and the parameters', keeps the margin to its dtype's largest value."""
+    rooms, bound = [], {hash(loss): 1.0}
 
-    def watch(g, parameter=False):
+    def watch(g, b):
         top = np.abs(np.asarray(g, dtype=np.float64)).max()
-        if top > 0:
-            margin = MARGIN if parameter or top > scale else 1.0
-            rooms.append(FLOATS[str(g.dtype)].max / (top * margin))
+        limit = FLOATS[str(g.dtype)].max
+        if math.isfinite(b):
+            rooms.append(limit / (b * scale))
+        elif top > 0:
+            rooms.append(limit / (top * MARGIN))
 
     def pre(f):
-        for v in f.outputs:
+        outs = [bound.get(hash(v), math.inf) for v in f.outputs]
+        for v, b in zip(f.outputs, outs):
             if hash(v) != hash(loss):
-                watch(v.g)
+                watch(v.g, b)
+        passed = max(outs) if f.info.type_name in NON_EXPANDING else math.inf
+        for v in f.inputs:
+            if v.need_grad:
+                bound[hash(v)] = bound.get(hash(v), 0.0) + passed
 
     for v in params.values():
         v.grad.zero()
     loss.forward(clear_no_need_grad=False)
     loss.backward(scale, clear_buffer=False, function_pre_hook=pre)
     for v in params.values():
-        watch(v.g, parameter=True)
+        watch(v.g, math.inf)
     for v in params.values():
         v.grad.zero()
     return min(rooms)
@@ -299,3 +308,30 @@ def test_loss_scale_monitor_writes_the_gradient_series(tmp_path):
         assert [s for s, _ in written[key]] == [3.0, 7.0]
         assert [v for _, v in written[key]] == pytest.approx(
             [v for _, v in expected], rel=1e-5), key
+
+
+def test_gradients_bounded_by_the_seed_only_have_to_fit():
+    # A summed cross-entropy: the per-example losses' gradients are the scale itself and
+    # the logits' are (p - y) times it. Bounded by the scale whatever the data, they need
+    # no margin; the parameters' gradients and the hidden activations' do.
+    from nnabla_mpt import graph
+    from nnabla_mpt.measured import room
+    from nnabla_mpt.watch import RangeWatch
+
+    net = Net("half", hidden=8, d_out=3)
+    with nn.context_scope(net.ctx):
+        labels = nn.Variable((4, 1))
+        loss = F.sum(F.softmax_cross_entropy(net.y, labels))
+    net.feed(0)
+    labels.d = np.array([[0], [2], [1], [0]])
+    scale = 4096.0
+    loss.forward(clear_no_need_grad=False)
+    watch = RangeWatch(loss, graph.float_context(loss)).run(loss, scale)
+    watch.add([v.grad for v in net.params.values()])
+    maxima, limits, bounds = watch.read()
+    assert sorted(bounds[np.isfinite(bounds)]) == [1.0, 1.0]     # the CE's output, logits
+    assert maxima[np.isfinite(bounds)].max() == scale            # the summed losses' inputs
+    expected = room_by_numpy(loss, net.params, scale)
+    assert room(watch, scale)[0] == pytest.approx(expected, rel=1e-6)
+    # with the margin on those two as well, the scale could not even double
+    assert 65504.0 / (scale * MARGIN) < 2.0 <= expected
