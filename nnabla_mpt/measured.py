@@ -155,6 +155,6 @@ class ScaleMeter:
         ranks = f", the smallest start over {len(starts)} ranks" if len(starts) > 1 else ""
         logger.info(f"nnabla_mpt: scale='auto' starts at {scale:g}{ranks}: at scale {probe:g} "
                     f"the largest gradient is {largest:.4g}, and {scale:g} keeps every "
-                    f"gradient larger than the scale {MARGIN:g} times below its dtype's "
-                    f"largest value (bounds [{lower:g}, {upper:g}])")
+                    f"gradient the scale does not bound {MARGIN:g} times below its "
+                    f"dtype's largest value (bounds [{lower:g}, {upper:g}])")
         return scale
