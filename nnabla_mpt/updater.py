@@ -78,7 +78,7 @@ class _LossScalingUpdater:
                  values: Mapping[str, Any]) -> None:
         self._params = options.solver_parameters(solver)
         self.solver = solver
-        self.loss = options.scalar_loss(loss)
+        self.loss = options.trained_loss(loss, self._params)
         self._precision = graph.precision_of(self.loss)
         self.schedule, self.high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
