@@ -131,21 +131,27 @@ class _LossScalingUpdater:
     @property
     def scale(self) -> float:
         """The loss scale of the next step (1 once a precision schedule switched to full
-        precision). Assigning it is checked by the policy."""
-        if self.schedule is not None and not self.schedule.reduced(self.steps):
-            return 1.0
-        return self.policy.get_loss_scale()
+        precision). Assigning it is checked by the policy; after the switch there is no
+        loss scale to set, and assigning raises ``RuntimeError``."""
+        return 1.0 if self._switched() else self.policy.get_loss_scale()
 
     @scale.setter
     def scale(self, value: float) -> None:
+        if self._switched():
+            raise RuntimeError(f"updater.scale = {value!r} is refused: the precision schedule "
+                               f"{self.schedule.mode.text!r} switched to full precision at "
+                               f"step {self.schedule.switch_step}; those steps run unscaled "
+                               f"(scale 1), so there is no loss scale to set")
         self.policy.set_loss_scale(value)
 
     @property
     def precision(self) -> str:
         """``"half"`` or ``"float"``: the precision the next step runs in."""
-        if self.schedule is not None and not self.schedule.reduced(self.steps):
-            return "float"
-        return self._precision
+        return "float" if self._switched() else self._precision
+
+    def _switched(self) -> bool:
+        """Whether the precision schedule runs the next step in full precision."""
+        return self.schedule is not None and not self.schedule.reduced(self.steps)
 
     @property
     def monitor(self) -> Optional[Callable[[StepResult], Any]]:
