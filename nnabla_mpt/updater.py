@@ -16,6 +16,8 @@ by :mod:`nnabla_mpt.checkpoint`.
 """
 import copy
 import math
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -113,6 +115,7 @@ class _LossScalingUpdater:
         self.updates = 0
         self.skipped_steps = 0
         self.last_result: Optional[StepResult] = None
+        self._running = threading.Lock()     # one update() at a time
 
     def _make_decider(self, shared_grads: Optional[bool]):
         """The step's decision (local, or agreed by the ranks) and the shared gradients."""
@@ -208,13 +211,22 @@ class _LossScalingUpdater:
 
         Returns:
             StepResult: whether the step was skipped and the scale it ran with.
+
+        Raises:
+            RuntimeError: ``update()`` is already running, in another thread or further up
+                this one (a monitor hook or data feeder calling it): one step at a time.
         """
-        result = self._step(1)
-        attempts = 1
-        while result.skipped and attempts <= self.max_retries:
-            attempts += 1
-            result = self._step(attempts)
-        return result
+        if not self._running.acquire(blocking=False):
+            raise _already_running(self)
+        try:
+            result = self._step(1)
+            attempts = 1
+            while result.skipped and attempts <= self.max_retries:
+                attempts += 1
+                result = self._step(attempts)
+            return result
+        finally:
+            self._running.release()
 
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
@@ -366,6 +378,25 @@ class _LossScalingUpdater:
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)
+
+
+def _already_running(updater: _LossScalingUpdater) -> RuntimeError:
+    """The error of an ``update()`` called while one runs: from inside it (found on this
+    thread's stack, looked at on this path only) or from another thread."""
+    name = f"{type(updater).__name__}.update()"
+    frame = sys._getframe(2)
+    while frame is not None:
+        if (frame.f_code is _LossScalingUpdater.update.__code__
+                and frame.f_locals.get("self") is updater):
+            return RuntimeError(
+                f"{name} is already running: it was called from inside update() (a monitor "
+                f"hook or a data_feeder); one updater runs one step at a time, so take the "
+                f"next step after update() has returned")
+        frame = frame.f_back
+    return RuntimeError(
+        f"{name} is already running in another thread: one updater runs one step at a "
+        f"time (nnabla's graphs and gradients are not safe to share between threads); call "
+        f"update() from one thread, or give each thread an updater of its own graph")
 
 
 @options.DYNAMIC.describe
