@@ -1,9 +1,10 @@
-"""The overflow detector shared by every updater."""
+"""The overflow detector shared by every updater, and the check of a step's batch."""
 from typing import Callable, Dict, List, Literal, Optional, Sequence
 
 import numpy as np
 
 from . import _validate as check
+from . import graph
 from .dtypes import FP16_MAX
 
 OverflowMode = Literal["inf_nan", "saturation"]
@@ -141,3 +142,29 @@ def _solver_of(params: Dict[str, object]):
     solver = S.Sgd(0.0)
     solver.set_parameters(params)
     return solver
+
+
+class BatchCheck:
+    """Whether the batch a step read holds inf/NaN: a *bad batch*, which no loss scale
+    causes or cures (through a ReLU a NaN input can even leave the loss finite while the
+    gradients are NaN).
+
+    The inputs of each graph (:func:`nnabla_mpt.graph.data_inputs`) are listed once, here;
+    they are read only on skipped steps. With ``accum_grad > 1`` they hold the last
+    micro-batch only: a bad batch in an earlier one is taken for an overflow.
+
+    Args:
+        losses: The losses whose graphs the steps run (``None`` entries are left out).
+        params: The solver's parameters (name -> Variable).
+    """
+
+    def __init__(self, losses: Sequence, params: Dict[str, object]) -> None:
+        self._inputs = [(loss, graph.data_inputs(loss, params)) for loss in losses
+                        if loss is not None]
+
+    def nonfinite(self, loss) -> List[str]:
+        """The inputs of the graph of ``loss`` (one of ``losses``) that hold inf/NaN, named
+        (``"input #0 of shape (4, 3)"``, or the Variable's name)."""
+        inputs = next(found for graph_loss, found in self._inputs if graph_loss is loss)
+        return [f"input {v.name!r}" if v.name else f"input #{i} of shape {tuple(v.shape)}"
+                for i, v in enumerate(inputs) if not np.isfinite(v.d).all()]

@@ -26,14 +26,14 @@ from nnabla.logger import logger
 
 from . import _validate as check
 from . import agreement, checkpoint, graph, options
-from .collapse import CollapseWatch
-from .detector import OverflowDetector, overflow_check
+from .collapse import CollapseAttributes, CollapseWatch
+from .detector import BatchCheck, OverflowDetector, overflow_check
 from .gradient_stats import GradientStats
 from .measured import ScaleMeter
 from .unscale import Unscaler
 from .watch import RangeWatch
 
-_UPDATER_STATE_VERSION = 1
+_UPDATER_STATE_VERSION = 2    # version 1 had no bad_batches
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class StepResult:
             name mapped to its gradient's :class:`~nnabla_mpt.GradientStats` as the
             backward pass produced them (scaled, in the graph's dtype, before any
             all-reduce); None on other steps.
+        bad_batch: True when the step was skipped because its batch (on some rank) held
+            inf/NaN: no overflow, the scale is kept (see ``updater.bad_batches``).
     """
     step: int
     skipped: bool
@@ -59,6 +61,7 @@ class StepResult:
     attempts: int = 1
     precision: str = "float"
     gradient_stats: Optional[Dict[str, GradientStats]] = None
+    bad_batch: bool = False
 
     @property
     def updated(self) -> bool:
@@ -66,8 +69,10 @@ class StepResult:
         return not self.skipped
 
 
-class _LossScalingUpdater:
-    """The training step shared by every updater; see the subclasses.
+class _LossScalingUpdater(CollapseAttributes):
+    """The training step shared by every updater; see the subclasses. The attributes of
+    the collapse handling (``floor_policy``, ``overflow_streak``, ``bad_batches``, ...)
+    come from :class:`~nnabla_mpt.collapse.CollapseAttributes`.
 
     Args:
         solver, loss: As the updaters take them.
@@ -98,7 +103,8 @@ class _LossScalingUpdater:
         self.average_accum = values["average_accum"]
         self.average_ranks = values["average_ranks"]
         self._monitor = values["monitor"]
-        self._decider, self.shared_grads = self._make_decider(values["shared_grads"])
+        batch = BatchCheck([self.loss, self.high_precision_loss], self._params)
+        self._decider, self.shared_grads = self._make_decider(values["shared_grads"], batch)
         self._zero_grads = (solver.zero_grad if self.shared_grads is None
                             else self.shared_grads.zero)
         self._unscaler = Unscaler(
@@ -108,7 +114,7 @@ class _LossScalingUpdater:
             self.clip_grad_norm, self.weight_decay)
         self._collapse = CollapseWatch(values["floor_policy"], values["diagnose_after"],
                                        self._params, self.detector, policy,
-                                       self._decider.agree_on_diagnosis)
+                                       self._decider.agree_on_diagnosis, batch)
         self._meter = ScaleMeter(self.loss, self._params, policy, self._decider.gather,
                                  values["gradient_stats_every"], values["scale"] == "auto")
         self.steps = 0
@@ -117,7 +123,7 @@ class _LossScalingUpdater:
         self.last_result: Optional[StepResult] = None
         self._running = threading.Lock()     # one update() at a time
 
-    def _make_decider(self, shared_grads: Optional[bool]):
+    def _make_decider(self, shared_grads: Optional[bool], batch: BatchCheck):
         """The step's decision (local, or agreed by the ranks) and the shared gradients."""
         check_grads = None
         if self._check_enabled:
@@ -128,7 +134,7 @@ class _LossScalingUpdater:
         float_only = self._precision == "float" and self.schedule is None
         return agreement.decider(self.comm, self._params, self.grads, shared_grads,
                                  float_only, check_grads, self.detector.mode,
-                                 self.accum_grad)
+                                 self.accum_grad, batch)
 
     # -- the scale and what the step runs -----------------------------------------------
     @property
@@ -165,38 +171,6 @@ class _LossScalingUpdater:
     def enable_overflow_check(self) -> bool:
         """Whether steps are checked for overflow (set at construction)."""
         return self._check_enabled
-
-    # -- the collapse handling --------------------------------------------------------
-    @property
-    def floor_policy(self) -> str:
-        """``"raise"``, ``"warn"`` or ``"ignore"``: what a collapse does (assignable)."""
-        return self._collapse.floor_policy
-
-    @floor_policy.setter
-    def floor_policy(self, value: str) -> None:
-        self._collapse.floor_policy = check.choice("floor_policy", value,
-                                                   ("raise", "warn", "ignore"))
-
-    @property
-    def diagnose_after(self) -> int:
-        """Consecutive overflowing steps that trigger the diagnosis."""
-        return self._collapse.diagnose_after
-
-    @property
-    def overflow_streak(self) -> int:
-        """Consecutive skipped steps up to now."""
-        return self._collapse.overflow_streak
-
-    @property
-    def longest_overflow_streak(self) -> int:
-        """The longest streak of skipped steps so far."""
-        return self._collapse.longest_overflow_streak
-
-    @property
-    def last_report(self):
-        """The :class:`~nnabla_mpt.OverflowReport` of the last diagnosis, or
-        None."""
-        return self._collapse.last_report
 
     # -- the step -----------------------------------------------------------------------
     def update(self) -> StepResult:
@@ -239,14 +213,17 @@ class _LossScalingUpdater:
         watch_loss = self.schedule is not None and self.schedule.needs_loss
         loss_sum = self._forward_backward(loss, scale, watch_loss, watch, fed)
         stats = self._meter.statistics(index)     # as the backward produced them
-        skipped, loss_nonfinite, loss_mean = self._decider.decide(loss, loss_sum)
+        skipped, loss_nonfinite, bad_batch, loss_mean = self._decider.decide(loss, loss_sum)
         room = None if watch is None or skipped else self._meter.growth_room(watch)
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
-        # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
-        if scaled and not loss_nonfinite:
+        # A non-finite loss or batch is no overflow: a smaller scale cannot fix it, so the
+        # scale is kept; scale="auto" measures again, on the next batch.
+        if scaled and not (loss_nonfinite or bad_batch):
             self.policy.update(skipped, room)
+        if fed and bad_batch:
+            self._meter.calibration_pending = True
         self.steps += 1
-        self._collapse.count(skipped)
+        self._collapse.count(skipped, bad_batch)
         if skipped:
             self.skipped_steps += 1
         else:
@@ -254,13 +231,14 @@ class _LossScalingUpdater:
             self.updates += 1
         if watch_loss and math.isfinite(loss_mean):
             self.schedule.observe_loss(index, loss_mean)
-        result = StepResult(index, skipped, scale, self.scale, attempts, precision, stats)
+        result = StepResult(index, skipped, scale, self.scale, attempts, precision, stats,
+                            bad_batch)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
         if skipped:
             self._collapse.after_skip(index, scale, self.scale, loss, at_floor,
-                                      loss_nonfinite)
+                                      loss_nonfinite, bad_batch)
         return result
 
     def _graph_at(self, index: int):
@@ -314,10 +292,12 @@ class _LossScalingUpdater:
                 "steps": self.steps, "updates": self.updates,
                 "skipped_steps": self.skipped_steps,
                 "overflow_streak": self._collapse.overflow_streak,
-                "longest_overflow_streak": self._collapse.longest_overflow_streak}
+                "longest_overflow_streak": self._collapse.longest_overflow_streak,
+                "bad_batches": self._collapse.bad_batches}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned; all or nothing.
+        """Restores what :meth:`state_dict` returned; all or nothing. A version-1 state
+        (saved before ``bad_batches`` was counted) loads with ``bad_batches=0``.
 
         Raises:
             ValueError: keys are missing or unknown (the message lists them), the version
@@ -333,12 +313,14 @@ class _LossScalingUpdater:
         self._meter.calibration_pending = self._meter.calibration_pending and self.steps == 0
         self._collapse.overflow_streak = counters["overflow_streak"]
         self._collapse.longest_overflow_streak = counters["longest_overflow_streak"]
+        self._collapse.bad_batches = counters["bad_batches"]
 
     _COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
-                 "longest_overflow_streak")
+                 "longest_overflow_streak", "bad_batches")
 
     def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
         """Checks ``state`` completely, without changing anything; returns the counters."""
+        state = _current(state, self._COUNTERS)
         check.exact_keys("state", state,
                          ("version", "updater", "policy", "precision") + self._COUNTERS)
         check.version("state", state, _UPDATER_STATE_VERSION)
@@ -378,6 +360,15 @@ class _LossScalingUpdater:
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)
+
+
+def _current(state: Mapping[str, Any], counters) -> Mapping[str, Any]:
+    """``state`` in the current version: a version-1 one (no ``bad_batches``) counted none."""
+    if not isinstance(state, Mapping) or state.get("version") != 1:
+        return state
+    check.exact_keys("state (version 1)", state, {"version", "updater", "policy", "precision",
+                                                  *counters} - {"bad_batches"})
+    return {**state, "version": _UPDATER_STATE_VERSION, "bad_batches": 0}
 
 
 def _already_running(updater: _LossScalingUpdater) -> RuntimeError:

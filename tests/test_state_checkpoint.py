@@ -36,14 +36,14 @@ def _busy_dynamic(scope="net"):
 
 
 EXPECTED_STATE = {
-    "version": 1, "updater": "DynamicLossScalingUpdater",
+    "version": 2, "updater": "DynamicLossScalingUpdater",
     "policy": {"version": 2, "kind": "dynamic", "scale": 4.0, "good_steps": 0,
                "hysteresis_left": 0, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 3, "hysteresis": 2, "min_scale": 1.0,
                "max_scale": 2.0 ** 24, "growth_mode": "probe"},
     "precision": None,
     "steps": 8, "updates": 3, "skipped_steps": 5, "overflow_streak": 1,
-    "longest_overflow_streak": 4,
+    "longest_overflow_streak": 4, "bad_batches": 0,
 }
 
 
@@ -81,10 +81,11 @@ def test_fixed_updater_state_round_trip():
     for _ in range(4):
         updater.update()
     state = updater.state_dict()
-    assert state == {"version": 1, "updater": "FixedLossScalingUpdater",
+    # the inf batches are bad batches: skipped and counted, no overflow streak
+    assert state == {"version": 2, "updater": "FixedLossScalingUpdater",
                      "policy": {"version": 1, "kind": "fixed", "scale": 32.0},
-                     "precision": None, "steps": 4, "updates": 2, "skipped_steps": 2, "overflow_streak": 0,
-                     "longest_overflow_streak": 2}
+                     "precision": None, "steps": 4, "updates": 2, "skipped_steps": 2,
+                     "overflow_streak": 0, "longest_overflow_streak": 0, "bad_batches": 2}
     other_net = Net(scope="other")
     other = FixedLossScalingUpdater(other_net.solver("Sgd", lr=0.1), other_net.loss,
                                     scale=2.0)
@@ -107,6 +108,9 @@ def _mutated(mutate):
     (lambda s: s.update(updater="FixedLossScalingUpdater"), ValueError,
      r"saved by FixedLossScalingUpdater, cannot load it into DynamicLossScalingUpdater"),
     (lambda s: s.update(steps=-1), ValueError, r"state\['steps'\] must be >= 0, got -1"),
+    (lambda s: s.update(bad_batches=-2), ValueError,
+     r"state\['bad_batches'\] must be >= 0, got -2"),
+    (lambda s: s.update(version=1), ValueError, r"unknown keys \['bad_batches'\]"),
     (lambda s: s.update(updates=1.5), TypeError, r"state\['updates'\] must be an integer"),
     (lambda s: s["policy"].pop("scale"), ValueError, r"missing keys \['scale'\]"),
     (lambda s: s["policy"].update(kind="fixed"), ValueError, r"'fixed' policy"),
@@ -123,6 +127,22 @@ def test_load_state_dict_errors_change_nothing(mutate, exc, message):
     with pytest.raises(exc, match=message):
         updater.load_state_dict(_mutated(mutate))
     assert updater.state_dict() == before
+
+
+def test_a_version_1_state_loads_with_no_bad_batches():
+    # version 1 had no bad_batches; such a state is read as one that counted none
+    old = json.loads(json.dumps(EXPECTED_STATE))
+    old["version"] = 1
+    del old["bad_batches"]
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver("Adam", alpha=1e-2), net.loss, net.feeder,
+                                        scale=8.0, N=2000, overflow_mode="saturation",
+                                        floor_policy="ignore")
+    net.bad = {0}
+    updater.update()
+    assert updater.bad_batches == 1
+    updater.load_state_dict(old)
+    assert updater.state_dict() == EXPECTED_STATE and updater.bad_batches == 0
 
 
 def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
