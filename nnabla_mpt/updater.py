@@ -190,7 +190,7 @@ class _LossScalingUpdater(CollapseAttributes):
             RuntimeError: ``update()`` is already running, in another thread or further up
                 this one (a monitor hook or data feeder calling it): one step at a time.
         """
-        if not self._running.acquire(blocking=False):
+        if not self._running.acquire(False):     # non-blocking
             raise _already_running(self)
         try:
             result = self._step(1)
