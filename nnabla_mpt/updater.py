@@ -42,7 +42,8 @@ class StepResult:
 
     Attributes:
         step: Index of the (last) step this call ran, counted from 0 over the updater's life.
-        skipped: True when the gradients overflowed and nothing was updated.
+        skipped: True when nothing was updated: the gradients overflowed (or the batch
+            held inf/NaN, see ``bad_batch``).
         scale: The loss scale the step ran with.
         next_scale: The loss scale of the next step.
         attempts: Steps this call ran: 1, or more in retry mode.
