@@ -4,12 +4,19 @@ One process decides from its own gradients (:class:`LocalDecision`). With a
 communicator, :class:`StepAgreement` makes the decision from the reduced gradients, which
 every rank holds bit for bit alike, so every rank takes the same branch:
 
-1. a few flags travel at the end of the gradients' all-reduce: one collective a step;
+1. two flags travel at the end of the gradients' all-reduce (this rank's own overflow
+   where it checks before the reduce, its loss): one collective a step;
 2. the reduced gradients are checked (each rank checks the same values);
-3. on a skipped step only: where the losses were not read during the step (one
-   micro-batch, no loss trigger), one more small all-reduce tells whether a rank's loss
-   itself was non-finite (a step that keeps the scale); when a collapse is diagnosed,
-   one more combines the ranks' diagnoses (:meth:`StepAgreement.agree_on_diagnosis`).
+3. on a skipped step only, one more small all-reduce carries two votes: whether some
+   rank's loss was non-finite, and whether some rank's batch held inf/NaN (a bad batch);
+   either keeps the scale. When a collapse is diagnosed, one more combines the ranks'
+   diagnoses (:meth:`StepAgreement.agree_on_diagnosis`).
+
+Why the votes follow the reduce instead of riding in it: a rank learns that the step is
+skipped only from the reduced gradients, and reading the batch or the loss on every step
+to fill a flag in advance would cost every good step (a host read per input). Every rank
+knows the step was skipped alike, so every rank joins the vote alike: no collective is
+added to a good step, and a skipped step takes exactly one more.
 
 The reduced gradients hold inf/NaN whenever one rank's gradients do (inf and NaN survive
 a sum), so on a good step the gradients are read once, after the reduce. Two cases also
@@ -25,12 +32,16 @@ import numpy as np
 import nnabla as nn
 from nnabla.logger import logger
 
+from .detector import BatchCheck
 
-#: What the check of one step found, ``(overflow, loss_nonfinite, loss)``: skip the step
-#: (the reduced gradients overflowed); on a skipped step, whether some micro-batch's loss
-#: (on some rank) was itself non-finite, so that a smaller scale cannot help and the scale
-#: is kept; the mean loss over the micro-batches (and the ranks) where it was read, else 0.
-Decision = Tuple[bool, bool, float]
+
+#: What the check of one step found, ``(overflow, loss_nonfinite, bad_batch, loss)``: skip
+#: the step (the reduced gradients overflowed); on a skipped step, whether some
+#: micro-batch's loss (on some rank) was itself non-finite, and whether some rank's batch
+#: held inf/NaN (:class:`~nnabla_mpt.detector.BatchCheck`): either way a smaller scale
+#: cannot help and the scale is kept; the mean loss over the micro-batches (and the ranks)
+#: where it was read, else 0.
+Decision = Tuple[bool, bool, bool, float]
 
 
 def losses_finite(loss: "nn.Variable", loss_sum: Optional[float]) -> bool:
@@ -49,17 +60,22 @@ class LocalDecision:
         check: The overflow check of the solver's gradients, or None when checking is
             off (the step always updates); kept as the attribute ``check``.
         accum_grad: Micro-batches per step, for the mean loss.
+        batch: The check of a skipped step's batch (:class:`~nnabla_mpt.detector.BatchCheck`).
     """
 
-    def __init__(self, check: Optional[Callable[[], bool]], accum_grad: int) -> None:
+    def __init__(self, check: Optional[Callable[[], bool]], accum_grad: int,
+                 batch: BatchCheck) -> None:
         self.check = check
         self._accum_grad = accum_grad
+        self._batch = batch
 
     def decide(self, loss: "nn.Variable", loss_sum: Optional[float]) -> Decision:
         """Checks the step's gradients; ``loss_sum`` as for :func:`losses_finite`."""
         mean = 0.0 if loss_sum is None else loss_sum / self._accum_grad
-        overflow = self.check is not None and self.check()
-        return overflow, overflow and not losses_finite(loss, loss_sum), mean
+        if self.check is None or not self.check():
+            return False, False, False, mean
+        return (True, not losses_finite(loss, loss_sum), bool(self._batch.nonfinite(loss)),
+                mean)
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether a collapse is a pure overflow: the report says so."""
@@ -81,39 +97,40 @@ class StepAgreement:
         check_before: Check each rank's own gradients before the reduce too (see the
             module's docstring).
         accum_grad: Micro-batches per step, for the mean loss.
+        batch: The check of a skipped step's batch (:class:`~nnabla_mpt.detector.BatchCheck`).
     """
 
     def __init__(self, comm, reduce_list: List["nn.NdArray"],
                  check: Optional[Callable[[], bool]], check_before: bool,
-                 accum_grad: int) -> None:
+                 accum_grad: int, batch: BatchCheck) -> None:
         self._comm = comm
         self.reduce_list = reduce_list
         self.check = check
         self.check_before = check is not None and check_before
         self._accum_grad = accum_grad
+        self._batch = batch
 
     def decide(self, loss: "nn.Variable", loss_sum: Optional[float]) -> Decision:
         """Reduces the gradients with the flags (one collective) and checks the result.
 
-        The flags are ``[this rank's overflow, its mean loss, its loss non-finite]``, the
-        last two where the losses were read (``loss_sum`` is not None; every rank reads
-        them alike). On a skipped step whose losses were not read, one more small
-        all-reduce tells whether some rank's loss was non-finite.
+        The flags are ``[this rank's overflow, its mean loss]``, the loss where the losses
+        were read (``loss_sum`` is not None; every rank reads them alike). On a skipped
+        step, one more small all-reduce tells whether some rank's loss was non-finite and
+        whether some rank's batch held inf/NaN.
         """
         mean = 0.0 if loss_sum is None else loss_sum / self._accum_grad
         local = self.check_before and self.check()
-        bad_loss = loss_sum is not None and not math.isfinite(loss_sum)
         flags = self.reduce_list[-1]
-        flags.data = np.array([local, mean, bad_loss], dtype=np.float32)
+        flags.data = np.array([local, mean], dtype=np.float32)
         self._comm.all_reduce(self.reduce_list, division=False, inplace=True)
-        flag, loss_total, bad_losses = (float(x) for x in flags.data)
+        flag, loss_total = (float(x) for x in flags.data)
         mean = loss_total / self._comm.size
         overflow = self.check is not None and (flag > 0.0 or self.check())
         if not overflow:
-            return False, False, mean
-        if loss_sum is None:
-            bad_losses = self._count([not losses_finite(loss, None)])[0]
-        return True, bad_losses > 0.0, mean
+            return False, False, False, mean
+        bad_losses, bad_batches = self._count([not losses_finite(loss, loss_sum),
+                                               bool(self._batch.nonfinite(loss))])
+        return True, bad_losses > 0.0, bad_batches > 0.0, mean
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether the collapse is a pure overflow, decided alike on every rank.
@@ -154,16 +171,16 @@ class StepAgreement:
 def decider(comm, params: Mapping[str, "nn.Variable"],
             grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
             float_only: bool, check: Optional[Callable[[], bool]], mode: str,
-            accum_grad: int):
+            accum_grad: int, batch: BatchCheck):
     """``(decider, shared gradients)`` for an updater: a :class:`LocalDecision` without a
     communicator; else a :class:`StepAgreement` over the arrays of :func:`reduce_list`,
     checking each rank's own gradients before the reduce too where that is needed (the
     saturation ``mode``, or ``grads`` given)."""
     if comm is None:
-        return LocalDecision(check, accum_grad), None
+        return LocalDecision(check, accum_grad, batch), None
     arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only)
     check_before = mode != "inf_nan" or grads is not None
-    return StepAgreement(comm, arrays, check, check_before, accum_grad), shared
+    return StepAgreement(comm, arrays, check, check_before, accum_grad, batch), shared
 
 
 def reduce_list(comm, params: Mapping[str, "nn.Variable"],
@@ -175,7 +192,7 @@ def reduce_list(comm, params: Mapping[str, "nn.Variable"],
     ``shared_grads`` as the updaters take it (see :func:`use_shared_grads`);
     ``float_only``: the graph runs in float only (no float16 gradients).
     """
-    flags = nn.Variable((3,))
+    flags = nn.Variable((2,))
     placed = list(params.values()) + [flags]
     if use_shared_grads(shared_grads, comm, grads, float_only, placed):
         shared = comm.share_grads(placed)

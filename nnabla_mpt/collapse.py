@@ -12,14 +12,21 @@ decides:
    its job: one info line, and training goes on;
 4. otherwise act by ``floor_policy``: ``"raise"`` :class:`LossScaleCollapseError`,
    ``"warn"`` log the report once and keep skipping.
+
+A *bad batch* (the step's batch held inf/NaN, see :class:`~nnabla_mpt.detector.BatchCheck`)
+is no overflow: the scale is not at fault, so it neither extends nor ends the streak and
+is never diagnosed as a collapse. It is counted apart (``bad_batches``), logged at debug
+level, and at warning level on the 1st, 10th, 100th, ... one, so that a data pipeline
+feeding nothing but bad batches is not skipped in silence.
 """
 import logging
-from typing import Callable, Mapping, Optional
+from typing import Callable, List, Mapping, Optional
 
 from nnabla.logger import logger
 
+from . import _validate as check
 from . import diagnosis
-from .detector import OverflowDetector
+from .detector import BatchCheck, OverflowDetector
 from .policy import DynamicLossScale
 from .report import LossScaleCollapseError, OverflowReport
 
@@ -35,32 +42,41 @@ class CollapseWatch:
         policy: The loss-scale policy (is it dynamic, at its floor?).
         agree_on_diagnosis: ``report -> bool``: whether the collapse is a pure overflow,
             decided alike on every rank (see :mod:`nnabla_mpt.agreement`).
+        batch: The check of a step's batch, naming its bad inputs in the log.
 
     Attributes:
-        overflow_streak: Consecutive skipped steps up to now.
+        overflow_streak: Consecutive overflowing steps up to now (bad batches aside).
         longest_overflow_streak: The longest such streak so far.
+        bad_batches: Steps skipped because their batch held inf/NaN.
         last_report: The report of the last diagnosis, or None.
     """
 
     def __init__(self, floor_policy: str, diagnose_after: int, params: Mapping,
                  detector: OverflowDetector, policy,
-                 agree_on_diagnosis: Callable[["OverflowReport"], bool]) -> None:
+                 agree_on_diagnosis: Callable[["OverflowReport"], bool],
+                 batch: BatchCheck) -> None:
         self.floor_policy = floor_policy
         self.diagnose_after = diagnose_after
         self._params = params
         self._detector = detector
         self._policy = policy
         self._agree = agree_on_diagnosis
+        self._batch = batch
         self.overflow_streak = 0
         self.longest_overflow_streak = 0
+        self.bad_batches = 0
         self.last_report: Optional[OverflowReport] = None
         # A streak is diagnosed once by its length, and reported (raise/warn) at most once.
         self._streak_diagnosed = self._streak_reported = False
 
-    def count(self, overflow: bool) -> None:
-        """Counts a step into the streak (an overflow) or ends the streak."""
-        if not overflow:
+    def count(self, skipped: bool, bad_batch: bool) -> None:
+        """Counts a step: a good one ends the streak, an overflow extends it, a bad batch
+        is counted apart and leaves it as it is."""
+        if not skipped:
             self.overflow_streak = 0
+            return
+        if bad_batch:
+            self.bad_batches += 1
             return
         self.overflow_streak += 1
         self.longest_overflow_streak = max(self.longest_overflow_streak, self.overflow_streak)
@@ -68,9 +84,12 @@ class CollapseWatch:
             self._streak_diagnosed = self._streak_reported = False
 
     def after_skip(self, index: int, scale: float, next_scale: float, loss,
-                   at_floor: bool, loss_nonfinite: bool) -> None:
+                   at_floor: bool, loss_nonfinite: bool, bad_batch: bool) -> None:
         """After skipped step ``index`` run with ``scale`` on ``loss``: log it; on a
-        collapse, diagnose and act by the floor policy."""
+        collapse, diagnose and act by the floor policy. A bad batch is only logged."""
+        if bad_batch:
+            self._log_bad_batch(index, scale, self._batch.nonfinite(loss))
+            return
         if logger.isEnabledFor(logging.DEBUG):
             self._log_skip(index, scale, next_scale, loss_nonfinite)
         if self.floor_policy == "ignore" or self._streak_reported:
@@ -112,3 +131,60 @@ class CollapseWatch:
                      f"parameter gradients {what}; loss scale {scale:g} -> "
                      f"{next_scale:g}" + (" (kept: the loss itself is non-finite)"
                                           if loss_nonfinite else ""))
+
+    def _log_bad_batch(self, index: int, scale: float, inputs: List[str]) -> None:
+        what = (f"{', '.join(inputs)} {'holds' if len(inputs) == 1 else 'hold'} inf/NaN"
+                if inputs else "an input of another rank holds inf/NaN")
+        logger.debug(f"nnabla_mpt: step {index} skipped: a bad batch ({what}); loss scale "
+                     f"{scale:g} kept")
+        n = self.bad_batches
+        if n == 10 ** (len(str(n)) - 1):        # the 1st, 10th, 100th, ...
+            logger.warning(
+                f"nnabla_mpt: {n} bad batch{'es' if n > 1 else ''} so far: step {index} read "
+                f"an input holding inf/NaN ({what}); such steps are skipped without "
+                f"lowering the loss scale and are no overflows (updater.bad_batches counts "
+                f"them). Check the batches with numpy.isfinite before feeding them.")
+
+
+class CollapseAttributes:
+    """The updaters' attributes of the collapse handling, read from their
+    :class:`CollapseWatch` (``self._collapse``)."""
+
+    _collapse: CollapseWatch
+
+    @property
+    def floor_policy(self) -> str:
+        """``"raise"``, ``"warn"`` or ``"ignore"``: what a collapse does (assignable)."""
+        return self._collapse.floor_policy
+
+    @floor_policy.setter
+    def floor_policy(self, value: str) -> None:
+        self._collapse.floor_policy = check.choice("floor_policy", value,
+                                                   ("raise", "warn", "ignore"))
+
+    @property
+    def diagnose_after(self) -> int:
+        """Consecutive overflowing steps that trigger the diagnosis."""
+        return self._collapse.diagnose_after
+
+    @property
+    def overflow_streak(self) -> int:
+        """Consecutive overflowing steps up to now (a bad batch neither extends nor ends
+        the streak)."""
+        return self._collapse.overflow_streak
+
+    @property
+    def longest_overflow_streak(self) -> int:
+        """The longest streak of overflowing steps so far."""
+        return self._collapse.longest_overflow_streak
+
+    @property
+    def bad_batches(self) -> int:
+        """Steps skipped because their batch held inf/NaN (``StepResult.bad_batch``): no
+        overflow, the scale was kept."""
+        return self._collapse.bad_batches
+
+    @property
+    def last_report(self) -> Optional[OverflowReport]:
+        """The :class:`~nnabla_mpt.OverflowReport` of the last diagnosis, or None."""
+        return self._collapse.last_report

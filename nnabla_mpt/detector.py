@@ -1,9 +1,10 @@
-"""The overflow detector shared by every updater."""
+"""The overflow detector shared by every updater, and the check of a step's batch."""
 from typing import Callable, Dict, List, Literal, Optional, Sequence
 
 import numpy as np
 
 from . import _validate as check
+from . import graph
 from .dtypes import FP16_MAX
 
 OverflowMode = Literal["inf_nan", "saturation"]
@@ -18,8 +19,8 @@ class OverflowDetector:
       solver's own single pass over its gradients (``solver.check_inf_or_nan_grad()``). On
       a float32 CPU graph the updaters make the same decision faster: gradient arrays of
       at least ``SUM_CHECK_MIN_SIZE`` elements are checked through their sum, which is
-      non-finite exactly when they hold inf or NaN (or when the float32 sum itself
-      overflows, beyond 3.4e38, which also counts as overflow).
+      finite when they hold no inf or NaN; a non-finite sum is confirmed element-wise, so
+      finite gradients whose float32 sum overflows (beyond 3.4e38) are no overflow.
     * ``"saturation"``: additionally, a gradient value with ``|g| >= threshold`` (by default
       65504, the largest float16) is an overflow. This is for hardware whose float16
       arithmetic saturates at the maximum instead of producing inf.
@@ -100,7 +101,10 @@ class SummedInfNanCheck:
     (summing the sums) and the one-element total is tested; smaller arrays are tested
     element-wise by a solver that holds only them. A sum is non-finite when an element is
     inf or NaN (``inf + -inf`` is NaN), and otherwise only when the float32 sum itself
-    overflows, which needs gradients summing beyond 3.4e38: such a step counts as overflow.
+    overflows, which needs gradients summing beyond 3.4e38. So a non-finite sum is
+    confirmed by the element-wise test of the large arrays (a solver holding only them),
+    on that rare path only: the decision is the solver's own, and a finite gradient is
+    never an overflow.
 
     Valid for gradients stored as float32 on the CPU only (the updater decides). The graph
     reads the gradient arrays the parameters held when it was built; it is rebuilt when a
@@ -112,20 +116,55 @@ class SummedInfNanCheck:
     """
 
     def __init__(self, params: Dict[str, object], min_size: int = SUM_CHECK_MIN_SIZE) -> None:
-        import nnabla.solvers as S
-
         from ._gradsum import GradientSum
 
-        large = [v for v in params.values() if v.size >= min_size]
-        small = {name: v for name, v in params.items() if v.size < min_size}
-        self._small_solver = None
-        if small:
-            self._small_solver = S.Sgd(0.0)
-            self._small_solver.set_parameters(small)
-        self._sum = GradientSum(large) if large else None
+        large = {name: v for name, v in params.items() if v.size >= min_size}
+        self._small_solver = _solver_of({name: v for name, v in params.items()
+                                         if name not in large})
+        self._large_solver = _solver_of(large)     # confirms a non-finite sum
+        self._sum = GradientSum(list(large.values())) if large else None
 
     def __call__(self) -> bool:
-        """True when a gradient holds inf or NaN (or the float32 sum overflows)."""
+        """True when a gradient holds inf or NaN."""
         if self._small_solver is not None and self._small_solver.check_inf_or_nan_grad():
             return True
-        return self._sum is not None and self._sum.nonfinite()
+        # a non-finite sum: inf/NaN, or finite gradients summing beyond 3.4e38; the
+        # element-wise test tells them apart
+        return (self._sum is not None and self._sum.nonfinite()
+                and bool(self._large_solver.check_inf_or_nan_grad()))
+
+
+def _solver_of(params: Dict[str, object]):
+    """A solver holding ``params`` only, for its element-wise inf/NaN test; None if empty."""
+    if not params:
+        return None
+    import nnabla.solvers as S
+    solver = S.Sgd(0.0)
+    solver.set_parameters(params)
+    return solver
+
+
+class BatchCheck:
+    """Whether the batch a step read holds inf/NaN: a *bad batch*, which no loss scale
+    causes or cures (through a ReLU a NaN input can even leave the loss finite while the
+    gradients are NaN).
+
+    The inputs of each graph (:func:`nnabla_mpt.graph.data_inputs`) are listed once, here;
+    they are read only on skipped steps. With ``accum_grad > 1`` they hold the last
+    micro-batch only: a bad batch in an earlier one is taken for an overflow.
+
+    Args:
+        losses: The losses whose graphs the steps run (``None`` entries are left out).
+        params: The solver's parameters (name -> Variable).
+    """
+
+    def __init__(self, losses: Sequence, params: Dict[str, object]) -> None:
+        self._inputs = [(loss, graph.data_inputs(loss, params)) for loss in losses
+                        if loss is not None]
+
+    def nonfinite(self, loss) -> List[str]:
+        """The inputs of the graph of ``loss`` (one of ``losses``) that hold inf/NaN, named
+        (``"input #0 of shape (4, 3)"``, or the Variable's name)."""
+        inputs = next(found for graph_loss, found in self._inputs if graph_loss is loss)
+        return [f"input {v.name!r}" if v.name else f"input #{i} of shape {tuple(v.shape)}"
+                for i, v in enumerate(inputs) if not np.isfinite(v.d).all()]

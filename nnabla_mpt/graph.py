@@ -1,5 +1,5 @@
 """What the updaters read off a loss graph: its backend, its precision, its inputs."""
-from typing import List, Set
+from typing import Dict, List, Mapping
 
 
 def backend_of(loss) -> List[str]:
@@ -32,15 +32,31 @@ def has_bfloat16(loss) -> bool:
     return True
 
 
-def graph_inputs(loss) -> Set:
-    """Every Variable some function of the graph of ``loss`` reads (parameters included)."""
-    seen = set()
+def graph_inputs(loss) -> Dict:
+    """Every Variable some function of the graph of ``loss`` reads (parameters included), in
+    the order the graph visits them: the keys of the dict returned (an ordered set)."""
+    seen = {}
 
     def collect(f):
-        seen.update(f.inputs)  # Variables hash and compare by the underlying variable
+        seen.update(dict.fromkeys(f.inputs))  # Variables hash and compare by the variable
 
     loss.visit(collect)
     return seen
+
+
+def data_inputs(loss, params: Mapping) -> List:
+    """The batch the graph of ``loss`` reads: the leaf Variables without ``need_grad`` that
+    some function reads, except parameters: those in ``params`` (name -> Variable) and
+    every one registered with nnabla, such as BatchNormalization's running statistics
+    (state, not data: a NaN batch leaves them NaN)."""
+    import nnabla as nn
+    import nnabla.parameter as registry
+
+    with nn.parameter_scope("", registry.root_scope):
+        registered = nn.get_parameters(grad_only=False)
+    skip = set(params.values()) | set(registered.values())
+    return [v for v in graph_inputs(loss)
+            if v.parent is None and not v.need_grad and v not in skip]
 
 
 def loss_dtype(loss) -> str:

@@ -336,13 +336,45 @@ def solver_parameters(solver: Any) -> Dict[str, "nn.Variable"]:
     return params
 
 
-def scalar_loss(loss: Any, name: str = "loss") -> "nn.Variable":
-    """``loss``, checked to be a one-element Variable."""
+def computed_loss(loss: Any, name: str = "loss") -> "nn.Variable":
+    """``loss``, checked to be a one-element Variable that a function computes, other than
+    ``F.sink``."""
     if not isinstance(loss, nn.Variable):
         raise TypeError(f"{name} must be an nnabla.Variable, got {type(loss).__name__}")
     if loss.size != 1:
         raise ValueError(f"{name} must be a scalar Variable (one element), got shape "
                          f"{tuple(loss.shape)}")
+    if loss.parent is None:
+        raise ValueError(f"{name} is a leaf Variable (no function computes it, shape "
+                         f"{tuple(loss.shape)}): the updater runs {name}.forward() and "
+                         f"{name}.backward(), which need the graph; pass the Variable the "
+                         f"network's loss function returns (e.g. F.mean(...)), not one "
+                         f"holding its value")
+    if loss.parent.info.type_name == "Sink":
+        makers = ", ".join("a leaf" if v.parent is None else v.parent.info.type_name
+                           for v in loss.parent.inputs)
+        raise ValueError(f"{name} is the output of F.sink ({len(loss.parent.inputs)} inputs, "
+                         f"made by {makers}): Sink's backward sets its inputs' gradients to "
+                         f"1 whatever the loss scale, so the scale would be lost while the "
+                         f"updater still divides the gradients by it; pass the loss "
+                         f"variable itself (e.g. loss, not F.sink(loss, error)) and evaluate "
+                         f"the other outputs (error) with their own forward() call")
+    return loss
+
+
+def trained_loss(loss: Any, params: Mapping[str, "nn.Variable"]) -> "nn.Variable":
+    """``loss``, checked as by :func:`computed_loss` and to depend on some of the solver's
+    parameters ``params`` (not necessarily all)."""
+    loss = computed_loss(loss)
+    used = graph.graph_inputs(loss)
+    if not any(v in used for v in params.values()):
+        names = list(params)
+        shown = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ValueError(f"loss does not depend on any of the solver's {len(names)} "
+                         f"parameters ({shown}): no step would change them; build the loss "
+                         f"from them, or set the solver's parameters from the same parameter "
+                         f"scope the loss was built in (solver.set_parameters("
+                         f"nn.get_parameters()) inside that nn.parameter_scope)")
     return loss
 
 
@@ -438,7 +470,7 @@ def precision_schedule(values: Mapping[str, Any], loss: "nn.Variable",
     if high_precision_loss is None:
         raise ValueError(f"accelerate_train_mode={mode!r} needs high_precision_loss: the same "
                          f"network's loss built under the full-precision context")
-    high_precision_loss = scalar_loss(high_precision_loss, "high_precision_loss")
+    high_precision_loss = computed_loss(high_precision_loss, "high_precision_loss")
     if graph.precision_of(high_precision_loss) != "float":
         raise ValueError("high_precision_loss must be built under a float context "
                          "(type_config='float'); the given one runs in half")

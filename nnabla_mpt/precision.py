@@ -20,6 +20,7 @@ Example:
 """
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Dict, Mapping, Optional
 
@@ -48,7 +49,9 @@ class AccelerateTrainMode:
         type: ``"fast"`` or ``"fast1"``.
         trigger: ``"step"`` or ``"loss"``.
         value: The fraction of steps (step trigger) or the loss ratio (loss trigger).
-        text: The canonical string, ``"TYPE|TRIGGER|VALUE"``.
+        text: The canonical string, ``"TYPE|TRIGGER|VALUE"``, with VALUE in its shortest
+            decimal form: one value written differently (``0.90``, ``.9``, ``9e-1``) is
+            one schedule, and modes compare equal by their parsed fields.
     """
     type: str
     trigger: str
@@ -84,6 +87,9 @@ class AccelerateTrainMode:
                              f"its '|' to take the default {default}, or give a number in "
                              f"[{low}, {high}]")
         raw = raw or default
+        if not raw.isascii():     # float() and Fraction() would read any Unicode digit
+            raise ValueError(f"accelerate_train_mode={mode!r}: VALUE must be written with the "
+                             f"ASCII digits 0-9, got {raw!r}")
         try:
             exact = Fraction(raw)
             number = float(raw)
@@ -93,7 +99,8 @@ class AccelerateTrainMode:
         if not Fraction(low) <= exact <= Fraction(high):
             raise ValueError(f"accelerate_train_mode={mode!r}: VALUE for the {trigger!r} "
                              f"trigger must lie in [{low}, {high}], got {raw}")
-        return cls(type=kind, trigger=trigger, value=number, text=f"{kind}|{trigger}|{raw}")
+        return cls(type=kind, trigger=trigger, value=number,
+                   text=f"{kind}|{trigger}|{_shortest(raw)}")
 
     def switch_step(self, total_steps: int) -> int:
         """Step trigger: index of the first full-precision step, ``ceil(VALUE × total)``."""
@@ -187,7 +194,7 @@ class PrecisionSchedule:
         check.version("state['precision']", state, _SCHEDULE_STATE_VERSION)
         saved = (state["mode"], state["total_steps"], state["final_loss"])
         mine = (self.mode.text, self.total_steps, self.final_loss)
-        if saved != mine:
+        if (_parsed(state["mode"]), saved[1:]) != (self.mode, mine[1:]):
             raise ValueError(f"the checkpoint's precision schedule (accelerate_train_mode, "
                              f"total_steps, final_loss) = {saved} differs from this "
                              f"updater's {mine}")
@@ -203,3 +210,19 @@ class PrecisionSchedule:
                              f"switch_step={switch!r} of the {self.mode.trigger!r} trigger")
         self.switch_step = switch
         self.switch_loss = None if loss is None else float(loss)
+
+
+def _shortest(number: str) -> str:
+    """The decimal ``number`` written without exponent or trailing zeros, exactly
+    (``"9e-1"``, ``".90"`` -> ``"0.9"``)."""
+    plain = format(Decimal(number), "f")
+    return plain.rstrip("0").rstrip(".") if "." in plain else plain
+
+
+def _parsed(mode: Any) -> AccelerateTrainMode:
+    """``state['precision']['mode']`` parsed, or a ValueError naming it."""
+    try:
+        return AccelerateTrainMode.parse(mode)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"state['precision']['mode']={mode!r} is not a precision schedule: "
+                         f"{err}") from None

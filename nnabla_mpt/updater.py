@@ -16,6 +16,8 @@ by :mod:`nnabla_mpt.checkpoint`.
 """
 import copy
 import math
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -24,14 +26,14 @@ from nnabla.logger import logger
 
 from . import _validate as check
 from . import agreement, checkpoint, graph, options
-from .collapse import CollapseWatch
-from .detector import OverflowDetector, overflow_check
+from .collapse import CollapseAttributes, CollapseWatch
+from .detector import BatchCheck, OverflowDetector, overflow_check
 from .gradient_stats import GradientStats
 from .measured import ScaleMeter
 from .unscale import Unscaler
 from .watch import RangeWatch
 
-_UPDATER_STATE_VERSION = 1
+_UPDATER_STATE_VERSION = 2    # version 1 had no bad_batches
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class StepResult:
 
     Attributes:
         step: Index of the (last) step this call ran, counted from 0 over the updater's life.
-        skipped: True when the gradients overflowed and nothing was updated.
+        skipped: True when nothing was updated: the gradients overflowed (or the batch
+            held inf/NaN, see ``bad_batch``).
         scale: The loss scale the step ran with.
         next_scale: The loss scale of the next step.
         attempts: Steps this call ran: 1, or more in retry mode.
@@ -49,6 +52,8 @@ class StepResult:
             name mapped to its gradient's :class:`~nnabla_mpt.GradientStats` as the
             backward pass produced them (scaled, in the graph's dtype, before any
             all-reduce); None on other steps.
+        bad_batch: True when the step was skipped because its batch (on some rank) held
+            inf/NaN: no overflow, the scale is kept (see ``updater.bad_batches``).
     """
     step: int
     skipped: bool
@@ -57,6 +62,7 @@ class StepResult:
     attempts: int = 1
     precision: str = "float"
     gradient_stats: Optional[Dict[str, GradientStats]] = None
+    bad_batch: bool = False
 
     @property
     def updated(self) -> bool:
@@ -64,8 +70,10 @@ class StepResult:
         return not self.skipped
 
 
-class _LossScalingUpdater:
-    """The training step shared by every updater; see the subclasses.
+class _LossScalingUpdater(CollapseAttributes):
+    """The training step shared by every updater; see the subclasses. The attributes of
+    the collapse handling (``floor_policy``, ``overflow_streak``, ``bad_batches``, ...)
+    come from :class:`~nnabla_mpt.collapse.CollapseAttributes`.
 
     Args:
         solver, loss: As the updaters take them.
@@ -78,7 +86,7 @@ class _LossScalingUpdater:
                  values: Mapping[str, Any]) -> None:
         self._params = options.solver_parameters(solver)
         self.solver = solver
-        self.loss = options.scalar_loss(loss)
+        self.loss = options.trained_loss(loss, self._params)
         self._precision = graph.precision_of(self.loss)
         self.schedule, self.high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
@@ -96,7 +104,8 @@ class _LossScalingUpdater:
         self.average_accum = values["average_accum"]
         self.average_ranks = values["average_ranks"]
         self._monitor = values["monitor"]
-        self._decider, self.shared_grads = self._make_decider(values["shared_grads"])
+        batch = BatchCheck([self.loss, self.high_precision_loss], self._params)
+        self._decider, self.shared_grads = self._make_decider(values["shared_grads"], batch)
         self._zero_grads = (solver.zero_grad if self.shared_grads is None
                             else self.shared_grads.zero)
         self._unscaler = Unscaler(
@@ -106,15 +115,16 @@ class _LossScalingUpdater:
             self.clip_grad_norm, self.weight_decay)
         self._collapse = CollapseWatch(values["floor_policy"], values["diagnose_after"],
                                        self._params, self.detector, policy,
-                                       self._decider.agree_on_diagnosis)
+                                       self._decider.agree_on_diagnosis, batch)
         self._meter = ScaleMeter(self.loss, self._params, policy, self._decider.gather,
                                  values["gradient_stats_every"], values["scale"] == "auto")
         self.steps = 0
         self.updates = 0
         self.skipped_steps = 0
         self.last_result: Optional[StepResult] = None
+        self._running = threading.Lock()     # one update() at a time
 
-    def _make_decider(self, shared_grads: Optional[bool]):
+    def _make_decider(self, shared_grads: Optional[bool], batch: BatchCheck):
         """The step's decision (local, or agreed by the ranks) and the shared gradients."""
         check_grads = None
         if self._check_enabled:
@@ -125,27 +135,33 @@ class _LossScalingUpdater:
         float_only = self._precision == "float" and self.schedule is None
         return agreement.decider(self.comm, self._params, self.grads, shared_grads,
                                  float_only, check_grads, self.detector.mode,
-                                 self.accum_grad)
+                                 self.accum_grad, batch)
 
     # -- the scale and what the step runs -----------------------------------------------
     @property
     def scale(self) -> float:
         """The loss scale of the next step (1 once a precision schedule switched to full
-        precision). Assigning it is checked by the policy."""
-        if self.schedule is not None and not self.schedule.reduced(self.steps):
-            return 1.0
-        return self.policy.get_loss_scale()
+        precision). Assigning it is checked by the policy; after the switch there is no
+        loss scale to set, and assigning raises ``RuntimeError``."""
+        return 1.0 if self._switched() else self.policy.get_loss_scale()
 
     @scale.setter
     def scale(self, value: float) -> None:
+        if self._switched():
+            raise RuntimeError(f"updater.scale = {value!r} is refused: the precision schedule "
+                               f"{self.schedule.mode.text!r} switched to full precision at "
+                               f"step {self.schedule.switch_step}; those steps run unscaled "
+                               f"(scale 1), so there is no loss scale to set")
         self.policy.set_loss_scale(value)
 
     @property
     def precision(self) -> str:
         """``"half"`` or ``"float"``: the precision the next step runs in."""
-        if self.schedule is not None and not self.schedule.reduced(self.steps):
-            return "float"
-        return self._precision
+        return "float" if self._switched() else self._precision
+
+    def _switched(self) -> bool:
+        """Whether the precision schedule runs the next step in full precision."""
+        return self.schedule is not None and not self.schedule.reduced(self.steps)
 
     @property
     def monitor(self) -> Optional[Callable[[StepResult], Any]]:
@@ -156,38 +172,6 @@ class _LossScalingUpdater:
     def enable_overflow_check(self) -> bool:
         """Whether steps are checked for overflow (set at construction)."""
         return self._check_enabled
-
-    # -- the collapse handling --------------------------------------------------------
-    @property
-    def floor_policy(self) -> str:
-        """``"raise"``, ``"warn"`` or ``"ignore"``: what a collapse does (assignable)."""
-        return self._collapse.floor_policy
-
-    @floor_policy.setter
-    def floor_policy(self, value: str) -> None:
-        self._collapse.floor_policy = check.choice("floor_policy", value,
-                                                   ("raise", "warn", "ignore"))
-
-    @property
-    def diagnose_after(self) -> int:
-        """Consecutive overflowing steps that trigger the diagnosis."""
-        return self._collapse.diagnose_after
-
-    @property
-    def overflow_streak(self) -> int:
-        """Consecutive skipped steps up to now."""
-        return self._collapse.overflow_streak
-
-    @property
-    def longest_overflow_streak(self) -> int:
-        """The longest streak of skipped steps so far."""
-        return self._collapse.longest_overflow_streak
-
-    @property
-    def last_report(self):
-        """The :class:`~nnabla_mpt.OverflowReport` of the last diagnosis, or
-        None."""
-        return self._collapse.last_report
 
     # -- the step -----------------------------------------------------------------------
     def update(self) -> StepResult:
@@ -202,13 +186,22 @@ class _LossScalingUpdater:
 
         Returns:
             StepResult: whether the step was skipped and the scale it ran with.
+
+        Raises:
+            RuntimeError: ``update()`` is already running, in another thread or further up
+                this one (a monitor hook or data feeder calling it): one step at a time.
         """
-        result = self._step(1)
-        attempts = 1
-        while result.skipped and attempts <= self.max_retries:
-            attempts += 1
-            result = self._step(attempts)
-        return result
+        if not self._running.acquire(False):     # non-blocking
+            raise _already_running(self)
+        try:
+            result = self._step(1)
+            attempts = 1
+            while result.skipped and attempts <= self.max_retries:
+                attempts += 1
+                result = self._step(attempts)
+            return result
+        finally:
+            self._running.release()
 
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
@@ -221,14 +214,17 @@ class _LossScalingUpdater:
         watch_loss = self.schedule is not None and self.schedule.needs_loss
         loss_sum = self._forward_backward(loss, scale, watch_loss, watch, fed)
         stats = self._meter.statistics(index)     # as the backward produced them
-        skipped, loss_nonfinite, loss_mean = self._decider.decide(loss, loss_sum)
+        skipped, loss_nonfinite, bad_batch, loss_mean = self._decider.decide(loss, loss_sum)
         room = None if watch is None or skipped else self._meter.growth_room(watch, scale)
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
-        # A non-finite loss is no overflow: a smaller scale cannot fix it, so it keeps the scale.
-        if scaled and not loss_nonfinite:
+        # A non-finite loss or batch is no overflow: a smaller scale cannot fix it, so the
+        # scale is kept; scale="auto" measures again, on the next batch.
+        if scaled and not (loss_nonfinite or bad_batch):
             self.policy.update(skipped, room)
+        if fed and bad_batch:
+            self._meter.calibration_pending = True
         self.steps += 1
-        self._collapse.count(skipped)
+        self._collapse.count(skipped, bad_batch)
         if skipped:
             self.skipped_steps += 1
         else:
@@ -236,13 +232,14 @@ class _LossScalingUpdater:
             self.updates += 1
         if watch_loss and math.isfinite(loss_mean):
             self.schedule.observe_loss(index, loss_mean)
-        result = StepResult(index, skipped, scale, self.scale, attempts, precision, stats)
+        result = StepResult(index, skipped, scale, self.scale, attempts, precision, stats,
+                            bad_batch)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
         if skipped:
             self._collapse.after_skip(index, scale, self.scale, loss, at_floor,
-                                      loss_nonfinite)
+                                      loss_nonfinite, bad_batch)
         return result
 
     def _graph_at(self, index: int):
@@ -296,11 +293,14 @@ class _LossScalingUpdater:
                 "steps": self.steps, "updates": self.updates,
                 "skipped_steps": self.skipped_steps,
                 "overflow_streak": self._collapse.overflow_streak,
-                "longest_overflow_streak": self._collapse.longest_overflow_streak}
+                "longest_overflow_streak": self._collapse.longest_overflow_streak,
+                "bad_batches": self._collapse.bad_batches}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
         (``N``, ``max_scale``, ...) come from ``state``; one warning names each it changes.
+        A version-1 state (saved before ``bad_batches`` was counted) loads with
+        ``bad_batches=0``.
 
         Raises:
             ValueError: keys are missing or unknown (the message lists them), the version
@@ -318,9 +318,11 @@ class _LossScalingUpdater:
         self._meter.calibration_pending = self._meter.calibration_pending and self.steps == 0
         self._collapse.overflow_streak = counters["overflow_streak"]
         self._collapse.longest_overflow_streak = counters["longest_overflow_streak"]
+        self._collapse.bad_batches = counters["bad_batches"]
 
     def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
         """Checks ``state`` completely, without changing anything; returns the counters."""
+        state = _current(state)
         check.exact_keys("state", state, _STATE_KEYS)
         check.version("state", state, _UPDATER_STATE_VERSION)
         if state["updater"] != type(self).__name__:
@@ -367,7 +369,7 @@ class _LossScalingUpdater:
 
 
 _COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
-             "longest_overflow_streak")
+             "longest_overflow_streak", "bad_batches")
 _STATE_KEYS = ("version", "updater", "policy", "precision") + _COUNTERS
 
 
@@ -375,13 +377,14 @@ def _checked_counters(state: Mapping[str, Any]) -> Dict[str, int]:
     """The updater's counters in ``state``, each an integer >= 0, consistent together."""
     counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
                 for name in _COUNTERS}
-    steps, updates, skipped, streak, longest = (counters[name] for name in _COUNTERS)
+    steps, updates, skipped, streak, longest, bad = (counters[name] for name in _COUNTERS)
     wrong = [text for broken, text in (
         (updates + skipped != steps,
          f"updates={updates} + skipped_steps={skipped} != steps={steps}"),
         (streak > longest, f"overflow_streak={streak} > longest_overflow_streak={longest}"),
         (streak > skipped, f"overflow_streak={streak} > skipped_steps={skipped}"),
         (longest > skipped, f"longest_overflow_streak={longest} > skipped_steps={skipped}"),
+        (bad > skipped, f"bad_batches={bad} > skipped_steps={skipped}"),
     ) if broken]
     if wrong:
         raise ValueError(f"state's counters are inconsistent: {'; '.join(wrong)}")
@@ -403,6 +406,33 @@ def _shown(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return repr(value)
+
+
+def _current(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state`` in the current version: a version-1 one (no ``bad_batches``) counted none."""
+    if not isinstance(state, Mapping) or state.get("version") != 1:
+        return state
+    check.exact_keys("state (version 1)", state, set(_STATE_KEYS) - {"bad_batches"})
+    return {**state, "version": _UPDATER_STATE_VERSION, "bad_batches": 0}
+
+
+def _already_running(updater: _LossScalingUpdater) -> RuntimeError:
+    """The error of an ``update()`` called while one runs: from inside it (found on this
+    thread's stack, looked at on this path only) or from another thread."""
+    name = f"{type(updater).__name__}.update()"
+    frame = sys._getframe(2)
+    while frame is not None:
+        if (frame.f_code is _LossScalingUpdater.update.__code__
+                and frame.f_locals.get("self") is updater):
+            return RuntimeError(
+                f"{name} is already running: it was called from inside update() (a monitor "
+                f"hook or a data_feeder); one updater runs one step at a time, so take the "
+                f"next step after update() has returned")
+        frame = frame.f_back
+    return RuntimeError(
+        f"{name} is already running in another thread: one updater runs one step at a "
+        f"time (nnabla's graphs and gradients are not safe to share between threads); call "
+        f"update() from one thread, or give each thread an updater of its own graph")
 
 
 @options.DYNAMIC.describe

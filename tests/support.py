@@ -20,7 +20,7 @@ def context(type_config: str = "float"):
 
 
 class Net:
-    """``x -> [tanh(affine)] -> affine -> mean squared error against t``.
+    """``x -> [activation(affine)] -> affine -> mean squared error against t``.
 
     Without ``hidden`` the model is linear, ``y = x W + b``, and its gradients are known in
     closed form (:func:`linear_mse_grads`).
@@ -28,10 +28,13 @@ class Net:
     Args:
         type_config: ``"float"`` or ``"half"``; the graph and solvers use this context.
         scope: Parameter scope; parameter names are given relative to it.
+        activation: The hidden layer's function (``"tanh"``, ``"relu"``) with ``hidden``.
 
     Batches can be made special by their index (the feeder's call count):
 
     * ``net.bad``: an inf in ``x``, so the loss itself is not finite.
+    * ``net.nan``: a NaN in ``x``. Through a ReLU (``activation="relu"``) the loss stays
+      finite, since ReLU maps NaN to 0, while the first layer's weight gradient is NaN.
     * ``net.huge``: ``x * 1e3``. In float32 the loss stays finite while the scaled gradients
       exceed 65504 (an overflow in saturation mode); in float16 the loss overflows.
     * ``net.large``: ``x * 20``. For the linear float16 network the loss stays finite and
@@ -40,7 +43,8 @@ class Net:
 
     def __init__(self, type_config: str = "float", *, batch: int = 4, d_in: int = 3,
                  hidden: Optional[int] = None, d_out: int = 2, seed: int = 0,
-                 scope: str = "net", data_seed: int = 1000) -> None:
+                 scope: str = "net", data_seed: int = 1000,
+                 activation: str = "tanh") -> None:
         self.ctx = context(type_config)
         self.data_seed = data_seed
         with nn.context_scope(self.ctx), nn.parameter_scope(scope):
@@ -48,7 +52,7 @@ class Net:
             self.t = nn.Variable((batch, d_out))
             h = self.x
             if hidden:
-                h = F.tanh(PF.affine(h, hidden, name="hidden"))
+                h = getattr(F, activation)(PF.affine(h, hidden, name="hidden"))
             self.y = PF.affine(h, d_out, name="out")
             self.loss = F.mean(F.squared_error(self.y, self.t))
             self.params = nn.get_parameters(grad_only=False)
@@ -57,6 +61,7 @@ class Net:
             v.d = rng.uniform(-0.5, 0.5, v.shape).astype(np.float32)
         self.calls = 0          # how many batches the feeder has loaded
         self.bad = set()
+        self.nan = set()
         self.huge = set()
         self.large = set()
 
@@ -71,6 +76,8 @@ class Net:
             x = x * np.float32(20.0)
         if index in self.bad:
             x[0, 0] = np.inf
+        if index in self.nan:
+            x[0, 0] = np.nan
         return x, t
 
     def feed(self, index: int) -> None:

@@ -52,6 +52,7 @@ def test_overflow_on_one_rank_skips_that_step_on_every_rank(overflow_run):
     for r, (_, meta) in enumerate(res):
         assert meta["skipped"] == expected_skips, f"rank {r}"
         assert meta["skipped_steps"] == len(BAD_STEPS) and meta["updates"] == 10 - len(BAD_STEPS)
+        assert meta["bad_batch"] == [False] * 10 and meta["bad_batches"] == 0, f"rank {r}"
 
 
 def test_overflow_on_one_rank_keeps_scales_equal(overflow_run):
@@ -127,8 +128,31 @@ def test_nonfinite_loss_on_one_rank_skips_everywhere_and_keeps_the_scale(tmp_pat
         assert meta["skipped"] == [step in BAD_STEPS for step in range(10)], f"rank {r}"
         assert meta["params_unchanged"] == meta["skipped"]
         assert meta["scale"] == expected, f"rank {r}"
+        assert meta["bad_batches"] == 0, f"rank {r}"      # the batch is finite, the loss not
         for k in (k for k in npz if k.startswith("param/")):
             np.testing.assert_array_equal(npz[k], res[0][0][k])
+
+
+@pytest.mark.parametrize("accum", [1, 2], ids=lambda a: f"accum{a}")
+def test_nan_batch_on_one_rank_is_a_bad_batch_on_every_rank(tmp_path, accum):
+    # Rank 1's batch is all NaN at the bad steps: through the ReLU its loss stays finite,
+    # its gradients are NaN. Every rank skips, keeps the scale and counts a bad batch; the
+    # skipped step's vote (one small all-reduce) carries "some rank's input was non-finite"
+    # whether the losses were read during the step (accum 2) or not (accum 1).
+    check_ok(run_mpi(2, "train.py", tmp_path, "badbatch", BAD_RANK, accum, *BAD_STEPS))
+    res = load_ranks(tmp_path, 2)
+    expected = expected_scales(10, [], ignored_steps=BAD_STEPS)
+    skips = [step in BAD_STEPS for step in range(10)]
+    for r, (npz, meta) in enumerate(res):
+        assert meta["skipped"] == meta["bad_batch"] == skips, f"rank {r}"
+        assert meta["bad_batches"] == len(BAD_STEPS), f"rank {r}"
+        assert meta["scale"] == expected, f"rank {r}"
+        assert meta["params_unchanged"] == meta["states_unchanged"] == skips, f"rank {r}"
+        assert meta["all_reduce_calls"] == 10 + len(BAD_STEPS), f"rank {r}"
+        assert meta["report_kind"] is None, f"rank {r}"
+        for k in (k for k in npz if k.startswith("param/")):
+            assert np.isfinite(npz[k]).all()
+            np.testing.assert_array_equal(npz[k], res[0][0][k], err_msg=f"{k} on rank {r}")
 
 
 @pytest.mark.parametrize("accum", [1, 2], ids=lambda a: f"accum{a}")

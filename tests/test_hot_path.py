@@ -61,8 +61,8 @@ def test_summed_check_agrees_with_the_solver(case):
         assert check() is expected
 
 
-def test_float32_sum_overflow_counts_as_overflow():
-    # The one documented difference: finite gradients whose float32 sum overflows.
+def test_finite_gradients_whose_float32_sum_overflows_are_no_overflow():
+    # Their sum is inf; the element-wise check, run on that path only, finds them finite.
     solver, _, _ = net()
     params = solver.get_parameters()
     check = SummedInfNanCheck(params)
@@ -70,7 +70,29 @@ def test_float32_sum_overflow_counts_as_overflow():
         v.g = np.zeros(v.shape, dtype=np.float32)
     params["fc1/affine/W"].g = np.full((128, 128), 3e38, dtype=np.float32)
     assert not solver.check_inf_or_nan_grad()
+    assert check() is False
+    # a real inf among them is still found
+    g = params["fc1/affine/W"].g
+    g[17, 4] = np.inf
+    params["fc1/affine/W"].g = g
+    assert solver.check_inf_or_nan_grad()
     assert check() is True
+
+
+def test_an_updater_steps_on_finite_gradients_whose_sum_overflows():
+    # sum(x W) with x = 1: every element of W's gradient is 4 * scale, about 5e36 at
+    # 2**120, finite; their float32 sum (16384 of them) is not.
+    x = nn.Variable.from_numpy_array(np.ones((4, 128), dtype=np.float32))
+    loss = F.sum(PF.affine(x, 128, name="fc", rng=np.random.RandomState(1)))
+    solver = S.Sgd(1e-3)
+    solver.set_parameters(nn.get_parameters())
+    updater = FixedLossScalingUpdater(solver, loss, scale=2.0 ** 120)
+    assert isinstance(updater._decider.check, SummedInfNanCheck)
+    W = solver.get_parameters()["fc/affine/W"]
+    before = W.d.copy()
+    r = updater.update()
+    assert r.updated and updater.skipped_steps == 0
+    np.testing.assert_allclose(W.d, before - 1e-3 * 4.0, rtol=1e-6)
 
 
 def test_replaced_gradient_array_is_followed():

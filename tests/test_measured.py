@@ -119,14 +119,33 @@ def test_auto_looks_higher_while_every_gradient_is_zero(info_log):
 
 def test_auto_with_a_backward_non_finite_at_scale_one_is_a_collapse():
     net = Net("half")
-    net.bad = {0}                       # an inf in the first batch: non-finite at any scale
+    bias = net.params["out/affine/b"]
+    bias.d = np.array([np.inf, 0.0])    # a corrupted parameter: non-finite at any scale
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
                                         scale="auto", min_scale=2.0)
     with pytest.raises(LossScaleCollapseError) as info:
         updater.update()
     assert info.value.report.kind == "data"
+    assert info.value.report.bad_leaves == ["out/affine/b"]
     assert updater.last_result.scale == 2.0 and updater.last_result.skipped
     assert updater.last_report is info.value.report
+
+
+def test_auto_measures_again_after_a_bad_first_batch(info_log):
+    # An inf in the first batch: the step is a bad batch, and what the calibration measured
+    # on it says nothing about the data. The next step measures its own batch.
+    net = Net("half", hidden=8)
+    net.bad = {0}
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale="auto", min_scale=2.0, N=1000)
+    first, second = updater.update(), updater.update()
+    assert (first.skipped, first.bad_batch, second.updated) == (True, True, True)
+    ref = Net("half", hidden=8, scope="ref")
+    ref.feed(1)
+    start = expected_start(room_by_numpy(ref.loss, ref.params, 1.0), lower=2.0)
+    assert 2.0 < start and second.scale == start and updater.scale == start
+    lines = [m for m in messages(info_log) if "scale='auto'" in m]
+    assert len(lines) == 2 and f"starts at {start:g}:" in lines[1]
 
 
 def test_a_resumed_run_does_not_calibrate_again(tmp_path, info_log):

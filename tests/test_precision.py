@@ -48,6 +48,24 @@ def test_parse_rejects_malformed(text, pattern):
         AccelerateTrainMode.parse(text)
 
 
+@pytest.mark.parametrize("text", ["fast|step|0.90", "fast|step|.9", "fast|step|9e-1",
+                                  "fast|step|0.900000"])
+def test_one_value_written_differently_is_the_same_schedule(text):
+    mode = AccelerateTrainMode.parse(text)
+    assert mode == AccelerateTrainMode.parse("fast|step|0.9")
+    assert mode.text == "fast|step|0.9"
+
+
+@pytest.mark.parametrize("text, value", [
+    ("fast|step|\uff10.\uff19", "'\uff10.\uff19'"),         # fullwidth digits
+    ("fast|loss|\u0661.\u0660\u0665", "'\u0661.\u0660\u0665'"),   # Arabic-Indic digits
+])
+def test_parse_rejects_non_ascii_digits(text, value):
+    with pytest.raises(ValueError, match=rf"^accelerate_train_mode={text!r}: VALUE must be "
+                                         rf"written with the ASCII digits 0-9, got {value}"):
+        AccelerateTrainMode.parse(text)
+
+
 def test_parse_rejects_non_string():
     with pytest.raises(TypeError, match=r"accelerate_train_mode must be a string.*got 0.9"):
         AccelerateTrainMode.parse(0.9)
@@ -271,6 +289,34 @@ def test_checkpoint_with_other_schedule_is_refused(tmp_path):
     u2, _ = make_updater(mode="fast|step|0.5", total=50)
     with pytest.raises(ValueError, match=r"precision schedule .* differs"):
         u2.load_checkpoint(path)
+
+
+def test_a_checkpoint_of_the_same_schedule_written_differently_loads(tmp_path):
+    u, _ = make_updater(mode="fast|step|0.9", total=20)
+    u.update()
+    path = str(tmp_path / "c.npz")
+    u.save_checkpoint(path)
+    state = u.state_dict()
+    other, _ = make_updater(mode="fast|step|0.90", total=20)
+    other.load_checkpoint(path)
+    assert other.state_dict() == state
+    # a state written with the value as given (e.g. by an earlier version) loads too
+    state["precision"]["mode"] = "fast|step|0.900"
+    other.load_state_dict(state)
+    assert other.steps == 1 and other.schedule.switch_step == 18
+
+
+def test_the_scale_cannot_be_set_after_the_switch_to_full_precision():
+    u, _ = make_updater(mode="fast|step|0.5", total=4)
+    u.update()
+    u.scale = 256.0                      # before the switch: the next step's scale
+    assert u.scale == 256.0 and u.update().scale == 256.0
+    assert u.precision == "float" and u.scale == 1.0
+    with pytest.raises(RuntimeError, match=r"^updater\.scale = 8\.0 is refused: the "
+                                           r"precision schedule 'fast\|step\|0\.5' switched "
+                                           r"to full precision at step 2.*scale 1"):
+        u.scale = 8.0
+    assert u.scale == 1.0 and u.update().scale == 1.0
 
 
 def test_fast1_needs_bfloat16_backend():

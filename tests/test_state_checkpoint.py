@@ -37,14 +37,14 @@ def _busy_dynamic(scope="net"):
 
 
 EXPECTED_STATE = {
-    "version": 1, "updater": "DynamicLossScalingUpdater",
+    "version": 2, "updater": "DynamicLossScalingUpdater",
     "policy": {"version": 2, "kind": "dynamic", "scale": 4.0, "good_steps": 0,
                "hysteresis_left": 0, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 3, "hysteresis": 2, "min_scale": 1.0,
                "max_scale": 2.0 ** 24, "growth_mode": "probe"},
     "precision": None,
     "steps": 8, "updates": 3, "skipped_steps": 5, "overflow_streak": 1,
-    "longest_overflow_streak": 4,
+    "longest_overflow_streak": 4, "bad_batches": 0,
 }
 
 
@@ -82,10 +82,11 @@ def test_fixed_updater_state_round_trip():
     for _ in range(4):
         updater.update()
     state = updater.state_dict()
-    assert state == {"version": 1, "updater": "FixedLossScalingUpdater",
+    # the inf batches are bad batches: skipped and counted, no overflow streak
+    assert state == {"version": 2, "updater": "FixedLossScalingUpdater",
                      "policy": {"version": 1, "kind": "fixed", "scale": 32.0},
-                     "precision": None, "steps": 4, "updates": 2, "skipped_steps": 2, "overflow_streak": 0,
-                     "longest_overflow_streak": 2}
+                     "precision": None, "steps": 4, "updates": 2, "skipped_steps": 2,
+                     "overflow_streak": 0, "longest_overflow_streak": 0, "bad_batches": 2}
     other_net = Net(scope="other")
     other = FixedLossScalingUpdater(other_net.solver("Sgd", lr=0.1), other_net.loss,
                                     scale=2.0)
@@ -108,6 +109,9 @@ def _mutated(mutate):
     (lambda s: s.update(updater="FixedLossScalingUpdater"), ValueError,
      r"saved by FixedLossScalingUpdater, cannot load it into DynamicLossScalingUpdater"),
     (lambda s: s.update(steps=-1), ValueError, r"state\['steps'\] must be >= 0, got -1"),
+    (lambda s: s.update(bad_batches=-2), ValueError,
+     r"state\['bad_batches'\] must be >= 0, got -2"),
+    (lambda s: s.update(version=1), ValueError, r"unknown keys \['bad_batches'\]"),
     (lambda s: s.update(updates=1.5), TypeError, r"state\['updates'\] must be an integer"),
     (lambda s: s["policy"].pop("scale"), ValueError, r"missing keys \['scale'\]"),
     (lambda s: s["policy"].update(kind="fixed"), ValueError, r"'fixed' policy"),
@@ -133,7 +137,9 @@ def test_load_state_dict_errors_change_nothing(mutate, exc, message):
     ({"overflow_streak": 6, "longest_overflow_streak": 6},
      r"overflow_streak=6 > skipped_steps=5"),
     ({"longest_overflow_streak": 6}, r"longest_overflow_streak=6 > skipped_steps=5"),
-], ids=["steps", "streak above longest", "streak above skipped", "longest above skipped"])
+    ({"bad_batches": 6}, r"bad_batches=6 > skipped_steps=5"),
+], ids=["steps", "streak above longest", "streak above skipped", "longest above skipped",
+        "bad batches above skipped"])
 def test_load_state_dict_refuses_inconsistent_counters(counters, message):
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
@@ -183,6 +189,22 @@ def test_load_checkpoint_warns_about_the_settings_it_replaces(tmp_path, caplog):
         "nnabla_mpt: the loaded state replaces the constructor's backoff_factor=0.5 with "
         "0.25, max_scale=32768 with 16384, growth_mode='probe' with 'measured'"]
     assert resumed.state_dict() == saved.state_dict()
+
+
+def test_a_version_1_state_loads_with_no_bad_batches():
+    # version 1 had no bad_batches; such a state is read as one that counted none
+    old = json.loads(json.dumps(EXPECTED_STATE))
+    old["version"] = 1
+    del old["bad_batches"]
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver("Adam", alpha=1e-2), net.loss, net.feeder,
+                                        scale=8.0, N=2000, overflow_mode="saturation",
+                                        floor_policy="ignore")
+    net.bad = {0}
+    updater.update()
+    assert updater.bad_batches == 1
+    updater.load_state_dict(old)
+    assert updater.state_dict() == EXPECTED_STATE and updater.bad_batches == 0
 
 
 def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():

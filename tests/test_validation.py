@@ -178,6 +178,57 @@ def test_solver_must_be_a_solver_with_parameters(net, cls):
         cls(S.Sgd(0.1), net.loss)
 
 
+def _sink_of_loss_and_error(net):
+    """What nnabla-examples' cifar10 trains on: ``F.sink(loss, error)``."""
+    import nnabla.functions as F
+    with nn.context_scope(net.ctx):
+        error = F.mean(F.abs(net.y - net.t))
+        return F.sink(net.loss, error)
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_a_loss_through_sink_is_refused(net, cls):
+    # Sink's backward sets its inputs' gradients to 1 whatever the scale: the scale would
+    # be dropped while the updater still divides by it.
+    sink = _sink_of_loss_and_error(net)
+    with pytest.raises(ValueError, match=r"^loss is the output of F\.sink \(2 inputs, made by "
+                                         r"Mean, Mean\): .*gradients to 1 whatever the loss "
+                                         r"scale.*pass the loss variable itself.*own forward"):
+        cls(net.solver(), sink, net.feeder)
+
+
+def test_a_high_precision_loss_through_sink_is_refused():
+    half, full = Net("half"), Net("float")
+    with pytest.raises(ValueError, match=r"^high_precision_loss is the output of F\.sink"):
+        DynamicLossScalingUpdater(half.solver(), half.loss, accelerate_train_mode="fast|step",
+                                  total_steps=10,
+                                  high_precision_loss=_sink_of_loss_and_error(full))
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_a_leaf_loss_is_refused(net, cls):
+    leaf = nn.Variable.from_numpy_array(np.float32(0.5))
+    with pytest.raises(ValueError, match=r"^loss is a leaf Variable \(no function computes "
+                                         r"it, shape \(\)\): .*pass the Variable the "
+                                         r"network's loss function returns"):
+        cls(net.solver(), leaf, net.feeder)
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_a_loss_without_any_of_the_solvers_parameters_is_refused(net, cls):
+    other = Net(scope="other")
+    with pytest.raises(ValueError, match=r"^loss does not depend on any of the solver's 2 "
+                                         r"parameters \('out/affine/[Wb]', 'out/affine/[Wb]'\).*"
+                                         r"build the loss from them.*same parameter scope"):
+        cls(net.solver(), other.loss, other.feeder)
+    # a loss that reads only some of them trains those: it is accepted
+    import nnabla.functions as F
+    with nn.context_scope(net.ctx):
+        partial = F.mean(F.squared_error(F.affine(net.x, net.params["out/affine/W"]),
+                                         net.t))
+    cls(net.solver(), partial, net.feeder).update()
+
+
 def test_dynamic_scale_setter_is_checked_and_keeps_the_old_value(net):
     u = DynamicLossScalingUpdater(net.solver(), net.loss, scale=8.0, max_scale=1024.0)
     with pytest.raises(ValueError, match=r"^scale must lie in \[min_scale, max_scale\] = "

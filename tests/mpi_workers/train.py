@@ -8,6 +8,9 @@ MODE "overflow" BAD_RANK FACTOR STEPS...: float16 network; at the listed steps t
 MODE "streak" BAD_RANK FACTOR STEPS...: like "overflow" with diagnose_after=3; the listed
     steps form a streak of overflows that only BAD_RANK's batch causes (each rank
     diagnoses its own batch; the ranks must still act alike).
+MODE "badbatch" BAD_RANK ACCUM_GRAD STEPS...: like "overflow" with ACCUM_GRAD
+    micro-batches a step; at the listed steps the batch of rank BAD_RANK is all NaN (through
+    the ReLU its loss stays finite while its gradients are NaN): a bad batch.
 MODE "overflow32" BAD_RANK FACTOR STEPS...: like "overflow" with a float32 network and a
     loss scale of 2**60: a FACTOR of 1e12 makes rank BAD_RANK's scaled float32 gradients
     overflow while its loss stays finite (the gradients live in shared memory).
@@ -55,8 +58,11 @@ def same(a, b):
 
 out, meta = {}, {"rank": rank, "size": size}
 
-if mode in ("overflow", "streak", "overflow32"):
+if mode in ("overflow", "streak", "overflow32", "badbatch"):
     bad_rank, factor, bad_steps = int(args[0]), float(args[1]), {int(s) for s in args[2:]}
+    accum = 1
+    if mode == "badbatch":
+        accum, factor = int(args[1]), float("nan")
     precision = "float" if mode == "overflow32" else "half"
     nn.set_default_context(get_extension_context("cpu", type_config=precision))
     x, t = nn.Variable((4, 6)), nn.Variable((4, 3))
@@ -76,18 +82,20 @@ if mode in ("overflow", "streak", "overflow32"):
         x.d = data.randn(4, 6) * (factor if (rank == bad_rank and step in bad_steps) else 1.0)
         t.d = data.randn(4, 3)
 
-    extra = {"diagnose_after": 3} if mode == "streak" else {}
+    extra = {"diagnose_after": 3} if mode == "streak" else {"accum_grad": accum}
     scale, max_scale = (2.0 ** 60, 2.0 ** 62) if precision == "float" else (1024.0, 4096.0)
     updater = DynamicLossScalingUpdater(solver, loss, feed, scale=scale, N=3,
                                         max_scale=max_scale, comm=comm, average_ranks=True,
                                         **extra)
     meta["shared_grads"] = updater.shared_grads is not None
     calls0, in_place0 = comm.n_all_reduce_calls, comm._shm.in_place_calls
-    meta.update(skipped=[], scale=[], next_scale=[], params_unchanged=[], states_unchanged=[])
+    meta.update(skipped=[], bad_batch=[], scale=[], next_scale=[], params_unchanged=[],
+                states_unchanged=[])
     for i in range(10):
         p0, s0 = snapshot(params), states_snapshot(solver)
         r = updater.update()
         meta["skipped"].append(bool(r.skipped))
+        meta["bad_batch"].append(bool(r.bad_batch))
         meta["scale"].append(r.scale)
         meta["next_scale"].append(r.next_scale)
         meta["params_unchanged"].append(same(p0, snapshot(params)))
@@ -95,6 +103,7 @@ if mode in ("overflow", "streak", "overflow32"):
     meta["all_reduce_calls"] = comm.n_all_reduce_calls - calls0
     meta["in_place_calls"] = comm._shm.in_place_calls - in_place0
     meta["skipped_steps"] = updater.skipped_steps
+    meta["bad_batches"] = updater.bad_batches
     meta["updates"] = updater.updates
     report = getattr(updater, "last_report", None)
     meta["report_kind"] = None if report is None else report.kind
