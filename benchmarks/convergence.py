@@ -364,7 +364,7 @@ def print_watch(runs, cost):
     """The chosen start of ``scale="auto"``, the growth points, the cost of the watch."""
     probe, measured = runs
     print(f"scale='auto' started at {power(measured.results[0].scale)} (MARGIN {MARGIN:g}: "
-          f"every gradient of the first batch {MARGIN:g}x below the fp16 maximum); probe "
+          f"the gradients the scale does not bound {MARGIN:g}x below the fp16 maximum); probe "
           f"started at {power(probe.results[0].scale)}")
     for run in runs:
         print(growth_summary(run))
