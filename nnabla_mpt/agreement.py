@@ -24,6 +24,7 @@ need each rank's own check before the reduce, carried in the flags: the saturati
 (a saturated value can sum back below the threshold) and ``grads`` given by the user
 (parameters outside ``grads`` are not reduced).
 """
+import hashlib
 import math
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
@@ -149,6 +150,30 @@ class StepAgreement:
                 "non-finite gradients on their own batches; their reports name the function.")
         return overflow_votes > 0 and problem_votes == 0
 
+    def check_same_model(self, params: Mapping[str, "nn.Variable"],
+                         grads: Optional[Sequence["nn.NdArray"]]) -> None:
+        """Raises the same ``ValueError`` on every rank unless every rank exchanges the
+        gradients of parameters of the same names and shapes, in the same order (one small
+        all-reduce of a fingerprint, at construction). Arrays of the same sizes in another
+        order would be summed with each other's, silently."""
+        order = list(params.items())
+        if grads is not None:                 # the order grads gives them
+            order = [next((name, v) for name, v in order if v.grad == g) for g in grads]
+        text = repr([(name, tuple(v.shape)) for name, v in order]).encode("utf-8")
+        digest = int.from_bytes(hashlib.blake2b(text, digest_size=6).digest(), "little")
+        halves = [digest & 0xFFFFFF, digest >> 24]      # exact in float32
+        slots = np.zeros(2 * self._comm.size, dtype=np.float32)
+        slots[2 * self._comm.rank:2 * self._comm.rank + 2] = halves
+        seen = self._sum(slots)
+        fingerprints = [tuple(seen[2 * r:2 * r + 2]) for r in range(self._comm.size)]
+        differ = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
+        if differ:
+            raise ValueError(
+                f"the ranks exchange different gradients: the parameters (names, shapes, "
+                f"order{', as grads gives them' if grads is not None else ''}) of rank(s) "
+                f"{', '.join(map(str, differ))} differ from rank 0's; build the same model on "
+                f"every rank and pass grads in the same order (or grads=None)")
+
     def gather(self, value: float) -> List[float]:
         """``value`` of every rank, in rank order (one small all-reduce: each rank
         contributes its value in its own slot, as float32)."""
@@ -180,7 +205,9 @@ def decider(comm, params: Mapping[str, "nn.Variable"],
         return LocalDecision(check, accum_grad, batch), None
     arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only)
     check_before = mode != "inf_nan" or grads is not None
-    return StepAgreement(comm, arrays, check, check_before, accum_grad, batch), shared
+    agreement = StepAgreement(comm, arrays, check, check_before, accum_grad, batch)
+    agreement.check_same_model(params, grads)
+    return agreement, shared
 
 
 def reduce_list(comm, params: Mapping[str, "nn.Variable"],

@@ -431,8 +431,12 @@ def fixed_policy(values: Mapping[str, Any], ceiling: float) -> FixedLossScale:
     return policy
 
 
-def exchanged_grads(values: Mapping[str, Any]) -> Optional[List["nn.NdArray"]]:
-    """``grads`` with ``comm``: None stands for all of the solver's gradients."""
+def exchanged_grads(values: Mapping[str, Any],
+                    params: Mapping[str, "nn.Variable"]) -> Optional[List["nn.NdArray"]]:
+    """``grads`` with ``comm``: None stands for all of the solver's gradients; given with
+    a communicator, they must be the gradients of every one of the solver's parameters
+    (a parameter left out would train on this rank's gradients alone, and the ranks'
+    parameters would drift apart)."""
     grads, comm = values["grads"], values["comm"]
     if grads is not None and len(grads) == 0:
         if comm is None:
@@ -443,6 +447,14 @@ def exchanged_grads(values: Mapping[str, Any]) -> Optional[List["nn.NdArray"]]:
     if values["shared_grads"] and comm is None:
         raise ValueError("shared_grads=True needs a communicator (comm=...): the "
                          "gradients are placed in the communicator's shared memory")
+    if grads is not None and comm is not None:
+        missing = [name for name, v in params.items() if not any(v.grad == g for g in grads)]
+        if missing:
+            raise ValueError(f"grads must hold the gradients of all the solver's parameters "
+                             f"when a communicator is given; missing {missing[:5]}"
+                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                             + ": their values would drift apart on the ranks; pass "
+                             "grads=None to exchange all of them")
     return grads
 
 

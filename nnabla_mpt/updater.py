@@ -96,7 +96,7 @@ class _LossScalingUpdater(CollapseAttributes):
         self.accum_grad = values["accum_grad"]
         self.weight_decay = values["weight_decay"]
         self.comm = values["comm"]
-        self.grads = options.exchanged_grads(values)
+        self.grads = options.exchanged_grads(values, self._params)
         self.detector = OverflowDetector(values["overflow_mode"])
         self._check_enabled = values.get("enable_overflow_check", True)
         self.clip_grad_norm = values["clip_grad_norm"]

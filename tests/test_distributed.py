@@ -3,6 +3,7 @@
 The worker (tests/mpi_workers/train.py) trains with MPICommunicator on 2 or 3 ranks and
 saves what every rank saw; the assertions are here.
 """
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -248,3 +249,36 @@ def test_overflow_streak_from_one_rank_is_diagnosed_alike_on_every_rank(tmp_path
     for k in (k for k in res[0][0] if k.startswith("param/")):
         for npz, _ in res[1:]:
             np.testing.assert_array_equal(npz[k], res[0][0][k])
+
+
+@pytest.mark.parametrize("mode", ["order", "names", "same"])
+def test_ranks_that_would_exchange_different_gradients_get_the_same_error(tmp_path, mode):
+    n = 2
+    check_ok(run_mpi(n, "mismatch.py", tmp_path, mode))
+    errors = [json.loads((tmp_path / f"rank{r}.json").read_text())["error"]
+              for r in range(n)]
+    if mode == "same":
+        assert errors == [None] * n
+        return
+    assert errors[0] == errors[1] and errors[0] is not None
+    assert errors[0].startswith("the ranks exchange different gradients: the parameters "
+                                "(names, shapes, order")
+    assert "rank(s) 1 differ from rank 0's" in errors[0]
+
+
+def test_grads_that_leave_out_a_parameter_are_refused_with_a_communicator():
+    from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+    from support import Net
+
+    net = Net(hidden=4)
+    solver = net.solver()
+    comm = MPICommunicator(abort_on_exception=False)     # one rank suffices for the check
+    some = [v.grad for name, v in net.params.items() if not name.endswith("/b")]
+    with pytest.raises(ValueError, match=r"^grads must hold the gradients of all the "
+                                         r"solver's parameters when a communicator is "
+                                         r"given; missing \['out/affine/b', "
+                                         r"'hidden/affine/b'\]: their values would drift"):
+        DynamicLossScalingUpdater(solver, net.loss, None, comm=comm, grads=some)
+    # all of them, in any order, are fine
+    DynamicLossScalingUpdater(solver, net.loss, None, comm=comm,
+                              grads=[v.grad for v in net.params.values()][::-1])
