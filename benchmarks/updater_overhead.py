@@ -107,40 +107,45 @@ def import_before(rev):
     return before
 
 
-def contenders(spec, seed, with_clip=False):
-    runs = {}
-
+def _hand(spec, seed):
     loss, params = build("hand", spec, seed)
     solver = make_solver(params)
 
-    def hand(solver=solver, loss=loss):
+    def hand():
         solver.zero_grad()
         feed()
         loss.forward(clear_no_need_grad=True)
         loss.backward(SCALE, clear_buffer=True)
         solver.scale_grad(1.0 / SCALE)
         solver.update()
-    runs["hand"] = hand
+    return hand, params
 
-    loss, params = build("ours", spec, seed)
-    ours = DynamicLossScalingUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
-    runs["ours"] = ours.update
 
+def _updater(cls, scope, **options):
+    def make(spec, seed):
+        loss, params = build(scope, spec, seed)
+        return cls(make_solver(params), loss, feed, scale=SCALE, N=2000, **options).update, \
+            params
+    return make
+
+
+def contenders(spec, seed, with_clip=False, reverse_build=False):
+    """The contenders' step functions, in the order they run; built in that order, or in
+    the reverse one (``reverse_build``: a model built earlier can run at a different speed
+    for where its memory lies)."""
+    makers = [("hand", _hand), ("ours", _updater(DynamicLossScalingUpdater, "ours"))]
     if BeforeUpdater is not None:
-        loss, params = build("before", spec, seed)
-        previous = BeforeUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
-        runs["before"] = previous.update
-
-    loss, params = build("nnabla", spec, seed)
-    theirs = NnablaUpdater(make_solver(params), loss, feed, scale=SCALE, N=2000)
-    runs["nnabla"] = theirs.update
-
+        makers.append(("before", _updater(BeforeUpdater, "before")))
+    makers.append(("nnabla", _updater(NnablaUpdater, "nnabla")))
     if with_clip:
         # The norm is computed every step; the bound is never reached.
-        loss, params = build("clip", spec, seed)
-        clipped = DynamicLossScalingUpdater(make_solver(params), loss, feed, scale=SCALE,
-                                            N=2000, clip_grad_norm=1e30)
-        runs["ours+clip"] = clipped.update
+        makers.append(("ours+clip", _updater(DynamicLossScalingUpdater, "clip",
+                                             clip_grad_norm=1e30)))
+    built = {}
+    for name, make in (makers[::-1] if reverse_build else makers):
+        built[name] = make(spec, seed)
+    params = built["hand"][1]
+    runs = {name: built[name][0] for name, _ in makers}
     return runs, sum(v.size for v in params.values()), len(params)
 
 
@@ -155,9 +160,9 @@ def time_block(fn, n):
     return (clock() - start) / n
 
 
-def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False):
+def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_build=False):
     nn.clear_parameters()
-    runs, n_params, n_arrays = contenders(spec, seed, with_clip)
+    runs, n_params, n_arrays = contenders(spec, seed, with_clip, reverse_build)
     names = list(runs)
     # Steps per block: about block_ms of work, from a short probe.
     probe = min(time_block(runs["hand"], 3) for _ in range(3))
@@ -198,6 +203,9 @@ def main(argv=None):
                              "programs share the machine), wall: elapsed time")
     parser.add_argument("--before", metavar="REV",
                         help="add a contender: nnabla_mpt at git revision REV")
+    parser.add_argument("--reverse-build", action="store_true",
+                        help="build the contenders' models in the reverse order (the run "
+                             "order stays): shows the bias of the order they are built in")
     args = parser.parse_args(argv)
     global clock, BeforeUpdater
     clock = CLOCKS[args.clock]
@@ -221,7 +229,8 @@ def main(argv=None):
     print("-" * len(header))
     for name in args.models:
         n_params, n_arrays, n, med, rh, rn, rc, rb = measure(
-            MODELS[name], args.rounds, args.warmup, args.block_ms, with_clip=args.with_clip)
+            MODELS[name], args.rounds, args.warmup, args.block_ms, with_clip=args.with_clip,
+            reverse_build=args.reverse_build)
         print(f"{name:<12} {n_params:>9,} {n_arrays:>6} {n:>9} {med['hand'] * 1e3:>8.3f} "
               f"{med['ours'] * 1e3:>8.3f} {med['nnabla'] * 1e3:>9.3f} {rh:>9.3f} {rn:>11.3f}"
               + (f" {med['ours+clip'] * 1e3:>8.3f} {rc:>9.3f}" if args.with_clip else "")
