@@ -19,10 +19,10 @@ knows the step was skipped alike, so every rank joins the vote alike: no collect
 added to a good step, and a skipped step takes exactly one more.
 
 The reduced gradients hold inf/NaN whenever one rank's gradients do (inf and NaN survive
-a sum), so on a good step the gradients are read once, after the reduce. Two cases also
-need each rank's own check before the reduce, carried in the flags: the saturation mode
-(a saturated value can sum back below the threshold) and ``grads`` given by the user
-(parameters outside ``grads`` are not reduced).
+a sum), so on a good step the gradients are read once, after the reduce (``grads``, when
+given, must cover every parameter: the updater refuses them otherwise). One case also needs
+each rank's own check before the reduce, carried in the flags: the saturation mode (a
+saturated value can sum back below the threshold).
 """
 import hashlib
 import math
@@ -199,12 +199,12 @@ def decider(comm, params: Mapping[str, "nn.Variable"],
             accum_grad: int, batch: BatchCheck):
     """``(decider, shared gradients)`` for an updater: a :class:`LocalDecision` without a
     communicator; else a :class:`StepAgreement` over the arrays of :func:`reduce_list`,
-    checking each rank's own gradients before the reduce too where that is needed (the
-    saturation ``mode``, or ``grads`` given)."""
+    checking each rank's own gradients before the reduce too in the saturation ``mode``;
+    the ranks compare what they exchange first (:meth:`StepAgreement.check_same_model`)."""
     if comm is None:
         return LocalDecision(check, accum_grad, batch), None
     arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only)
-    check_before = mode != "inf_nan" or grads is not None
+    check_before = mode != "inf_nan"
     agreement = StepAgreement(comm, arrays, check, check_before, accum_grad, batch)
     agreement.check_same_model(params, grads)
     return agreement, shared
