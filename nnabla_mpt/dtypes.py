@@ -37,10 +37,6 @@ FLOATS = {
 #: The largest finite float16 value.
 FP16_MAX = FLOATS["float16"].max
 
-#: The largest loss scale of any policy: a scale must be a finite float32.
-FLOAT32_MAX_POWER_OF_TWO = FLOATS["float32"].max_power_of_two
-
-
 def float_type(name: str) -> FloatType:
     """The :class:`FloatType` of a dtype name (``str(array.dtype)``).
 

@@ -5,7 +5,7 @@ produced which variable, the graph's leaf variables and the first function that 
 finite values into inf/NaN. :class:`BackwardWatch` runs a backward pass and records where
 gradients turn non-finite; :class:`RangeWatch` records how close the gradients come to
 their dtype's largest value. All hand errors raised inside a hook back to the caller after
-the pass, since nnabla would mask them (:class:`BackwardHooks`). :func:`array_stats` and the dtype helpers are the
+the pass, since nnabla would mask them (:class:`FunctionHooks`). :func:`array_stats` and the dtype helpers are the
 numbers the watches look at.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from .dtypes import FLOATS
 from .report import OverflowReport
 
-__all__ = ["ForwardWatch", "BackwardHooks", "BackwardWatch", "RangeWatch", "NON_EXPANDING",
+__all__ = ["FunctionHooks", "ForwardWatch", "BackwardHooks", "BackwardWatch", "RangeWatch", "NON_EXPANDING",
            "FunctionRecord",
            "array_stats", "dtype_name", "narrowest_float", "narrowest_float_max"]
 
@@ -91,7 +91,49 @@ class FunctionRecord:
     params: List[str]
 
 
-class ForwardWatch:
+class FunctionHooks:
+    """A pass over a graph watched function by function, through nnabla's function hooks.
+
+    :meth:`pre` and :meth:`post` are the hooks; they call :meth:`on_pre` and
+    :meth:`on_post` of the subclass. An error raised inside one is kept and raised by
+    :meth:`raise_deferred` after the pass (nnabla would mask it); the later hooks of the
+    pass do nothing. ``count`` is the number of functions run so far.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.error: Optional[BaseException] = None
+
+    def pre(self, f: Any) -> None:
+        if self.error is None:
+            try:
+                self.on_pre(f)
+            except BaseException as e:  # surfaced after the pass; nnabla would mask it
+                self.error = e
+
+    def post(self, f: Any) -> None:
+        index = self.count
+        self.count += 1
+        if self.error is None:
+            try:
+                self.on_post(f, index)
+            except BaseException as e:
+                self.error = e
+
+    def raise_deferred(self) -> None:
+        """Raises the error a hook met during the pass, if any (once)."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def on_pre(self, f: Any) -> None:
+        """Before function ``f`` runs."""
+
+    def on_post(self, f: Any, index: int) -> None:
+        """After function ``f``, the ``index``-th to run."""
+
+
+class ForwardWatch(FunctionHooks):
     """Hooks for one forward pass: the graph as it runs, and the first inf/NaN in it.
 
     ``records`` lists the functions in execution order, ``producer`` maps an output
@@ -106,6 +148,7 @@ class ForwardWatch:
     """
 
     def __init__(self, params: Mapping[str, Any]) -> None:
+        super().__init__()
         self.param_names = {hash(v): name for name, v in params.items()}
         self.records: List[FunctionRecord] = []
         self.producer: Dict[int, int] = {}       # output hash -> forward index
@@ -113,16 +156,13 @@ class ForwardWatch:
         self.finite: Dict[int, bool] = {}        # variable hash -> data all finite
         self.leaves: Dict[int, Any] = {}         # leaf hash -> Variable (need_grad)
         self.leaf_names: Dict[int, str] = {}
-        self.error: Optional[BaseException] = None
         self.culprit: Optional[Dict[str, Any]] = None
 
     def run(self, loss: Any) -> "ForwardWatch":
         """Run ``loss.forward`` keeping every buffer, watched by these hooks."""
         loss.forward(clear_no_need_grad=False, function_pre_hook=self.pre,
                      function_post_hook=self.post)
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
+        self.raise_deferred()
         return self
 
     def name_of(self, var: Any) -> str:
@@ -143,51 +183,41 @@ class ForwardWatch:
         return self.fwd_index.get(hash(f))
 
     # hooks ------------------------------------------------------------------
-    def pre(self, f: Any) -> None:
-        if self.error is not None:
+    def on_pre(self, f: Any) -> None:
+        leaves = [v for v in f.inputs if v.parent is None]
+        for v in leaves:
+            if v.need_grad:
+                self.leaves.setdefault(hash(v), v)
+        if self.culprit is not None:
             return
-        try:
-            leaves = [v for v in f.inputs if v.parent is None]
-            for v in leaves:
-                if v.need_grad:
-                    self.leaves.setdefault(hash(v), v)
-            if self.culprit is not None:
-                return
-            bad = []
-            for v in leaves:
-                h = hash(v)
-                if h not in self.finite:
-                    self.finite[h] = array_stats(v.d)[0] == 0
-                if not self.finite[h]:
-                    bad.append(self.name_of(v))
-            if bad:
-                k = len(self.records)
-                self._add_record(f)
-                self.culprit = dict(kind="data", phase="forward", f=f, index=k,
-                                    bad_leaves=bad)
-        except BaseException as e:  # surfaced after the pass; nnabla would mask it
-            self.error = e
-
-    def post(self, f: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            if hash(f) in self.fwd_index:   # recorded by pre (a data culprit)
-                return
+        bad = []
+        for v in leaves:
+            h = hash(v)
+            if h not in self.finite:
+                self.finite[h] = array_stats(v.d)[0] == 0
+            if not self.finite[h]:
+                bad.append(self.name_of(v))
+        if bad:
             k = len(self.records)
             self._add_record(f)
-            if self.culprit is not None:
-                return
-            outputs_finite = True
-            for v in f.outputs:
-                fin = array_stats(v.d)[0] == 0
-                self.finite[hash(v)] = fin
-                outputs_finite &= fin
-            if not outputs_finite and all(self.finite.get(hash(v), True)
-                                          for v in f.inputs):
-                self.culprit = dict(kind="model", phase="forward", f=f, index=k)
-        except BaseException as e:
-            self.error = e
+            self.culprit = dict(kind="data", phase="forward", f=f, index=k,
+                                bad_leaves=bad)
+
+    def on_post(self, f: Any, index: int) -> None:
+        if hash(f) in self.fwd_index:   # recorded by on_pre (a data culprit)
+            return
+        k = len(self.records)
+        self._add_record(f)
+        if self.culprit is not None:
+            return
+        outputs_finite = True
+        for v in f.outputs:
+            fin = array_stats(v.d)[0] == 0
+            self.finite[hash(v)] = fin
+            outputs_finite &= fin
+        if not outputs_finite and all(self.finite.get(hash(v), True)
+                                      for v in f.inputs):
+            self.culprit = dict(kind="model", phase="forward", f=f, index=k)
 
     def _add_record(self, f: Any) -> None:
         k = len(self.records)
@@ -270,45 +300,17 @@ class ForwardWatch:
 # --------------------------------------------------------------------------- backward
 
 
-class BackwardHooks:
-    """A backward pass watched function by function.
-
-    :meth:`run` calls ``loss.backward`` with :meth:`pre` and :meth:`post` as nnabla's
-    function hooks; they call :meth:`on_pre` and :meth:`on_post` of the subclass, and an
-    error raised inside one is raised by :meth:`run` after the pass (nnabla would mask
-    it). ``count`` is the number of functions run so far; several passes (micro-batches)
-    can be watched by one object.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.error: Optional[BaseException] = None
+class BackwardHooks(FunctionHooks):
+    """A backward pass watched function by function: :meth:`run` calls ``loss.backward``
+    with the hooks; several passes (micro-batches) can be watched by one object."""
 
     def run(self, loss: Any, scale: float, clear_buffer: bool = False) -> "BackwardHooks":
         """Run ``loss.backward(scale)`` watched by these hooks (every buffer kept unless
         ``clear_buffer``)."""
         loss.backward(scale, clear_buffer=clear_buffer, function_pre_hook=self.pre,
                       function_post_hook=self.post)
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
+        self.raise_deferred()
         return self
-
-    def pre(self, f: Any) -> None:
-        if self.error is None:
-            try:
-                self.on_pre(f)
-            except BaseException as e:  # surfaced after the pass; nnabla would mask it
-                self.error = e
-
-    def post(self, f: Any) -> None:
-        index = self.count
-        self.count += 1
-        if self.error is None:
-            try:
-                self.on_post(f, index)
-            except BaseException as e:
-                self.error = e
 
     def on_pre(self, f: Any) -> None:
         """Before function ``f``'s backward: its outputs' gradients are complete."""
