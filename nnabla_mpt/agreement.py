@@ -40,18 +40,9 @@ from .detector import BatchCheck
 #: the step (the reduced gradients overflowed); on a skipped step, whether some
 #: micro-batch's loss (on some rank) was itself non-finite, and whether some rank's batch
 #: held inf/NaN (:class:`~nnabla_mpt.detector.BatchCheck`): either way a smaller scale
-#: cannot help and the scale is kept; the mean loss over the micro-batches (and the ranks)
-#: where it was read, else 0.
+#: cannot help and the scale is kept; the mean loss over the micro-batches (and the
+#: ranks).
 Decision = Tuple[bool, bool, bool, float]
-
-
-def losses_finite(loss: "nn.Variable", loss_sum: Optional[float]) -> bool:
-    """Whether every micro-batch's loss was finite: ``loss_sum`` is their sum where each
-    was read, else None and only the last one, still in ``loss``, is looked at (called on
-    skipped steps only)."""
-    if loss_sum is not None:
-        return math.isfinite(loss_sum)
-    return bool(np.isfinite(loss.d).all())
 
 
 class LocalDecision:
@@ -70,13 +61,13 @@ class LocalDecision:
         self._accum_grad = accum_grad
         self._batch = batch
 
-    def decide(self, loss: "nn.Variable", loss_sum: Optional[float]) -> Decision:
-        """Checks the step's gradients; ``loss_sum`` as for :func:`losses_finite`."""
-        mean = 0.0 if loss_sum is None else loss_sum / self._accum_grad
+    def decide(self, loss: "nn.Variable", loss_sum: float) -> Decision:
+        """Checks the step's gradients; ``loss_sum``: the sum of its micro-batches' losses
+        (non-finite when one of them is)."""
+        mean = loss_sum / self._accum_grad
         if self.check is None or not self.check():
             return False, False, False, mean
-        return (True, not losses_finite(loss, loss_sum), bool(self._batch.nonfinite(loss)),
-                mean)
+        return (True, not math.isfinite(loss_sum), bool(self._batch.nonfinite(loss)), mean)
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether a collapse is a pure overflow: the report says so."""
@@ -111,15 +102,14 @@ class StepAgreement:
         self._accum_grad = accum_grad
         self._batch = batch
 
-    def decide(self, loss: "nn.Variable", loss_sum: Optional[float]) -> Decision:
+    def decide(self, loss: "nn.Variable", loss_sum: float) -> Decision:
         """Reduces the gradients with the flags (one collective) and checks the result.
 
-        The flags are ``[this rank's overflow, its mean loss]``, the loss where the losses
-        were read (``loss_sum`` is not None; every rank reads them alike). On a skipped
-        step, one more small all-reduce tells whether some rank's loss was non-finite and
-        whether some rank's batch held inf/NaN.
+        The flags are ``[this rank's overflow, its mean loss]`` (``loss_sum``: the sum of
+        its micro-batches' losses). On a skipped step, one more small all-reduce tells
+        whether some rank's loss was non-finite and whether some rank's batch held inf/NaN.
         """
-        mean = 0.0 if loss_sum is None else loss_sum / self._accum_grad
+        mean = loss_sum / self._accum_grad
         local = self.check_before and self.check()
         flags = self.reduce_list[-1]
         flags.data = np.array([local, mean], dtype=np.float32)
@@ -129,7 +119,7 @@ class StepAgreement:
         overflow = self.check is not None and (flag > 0.0 or self.check())
         if not overflow:
             return False, False, False, mean
-        bad_losses, bad_batches = self._count([not losses_finite(loss, loss_sum),
+        bad_losses, bad_batches = self._count([not math.isfinite(loss_sum),
                                                bool(self._batch.nonfinite(loss))])
         return True, bad_losses > 0.0, bad_batches > 0.0, mean
 

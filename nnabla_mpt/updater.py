@@ -54,6 +54,9 @@ class StepResult:
             all-reduce); None on other steps.
         bad_batch: True when the step was skipped because its batch (on some rank) held
             inf/NaN: no overflow, the scale is kept (see ``updater.bad_batches``).
+        loss: The step's loss, before scaling: the mean over its micro-batches (and over
+            the ranks, with a communicator; summed in float32 there). ``loss.d`` holds
+            only the last micro-batch's.
     """
     step: int
     skipped: bool
@@ -63,6 +66,7 @@ class StepResult:
     precision: str = "float"
     gradient_stats: Optional[Dict[str, GradientStats]] = None
     bad_batch: bool = False
+    loss: float = math.nan
 
     @property
     def updated(self) -> bool:
@@ -88,6 +92,7 @@ class _LossScalingUpdater(CollapseAttributes):
         self.solver = solver
         self.loss = options.trained_loss(loss, self._params)
         self._precision = graph.precision_of(self.loss)
+        self._host = graph.host_context()
         self.schedule, self.high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
         self.policy = policy = make_policy(graph.ceiling_of(self.loss))
@@ -212,7 +217,7 @@ class _LossScalingUpdater(CollapseAttributes):
         scaled = precision != "float" or self.schedule is None
         watch = self._meter.growth_watch() if scaled else None
         watch_loss = self.schedule is not None and self.schedule.needs_loss
-        loss_sum = self._forward_backward(loss, scale, watch_loss, watch, fed)
+        loss_sum = self._forward_backward(loss, scale, watch, fed)
         stats = self._meter.statistics(index)     # as the backward produced them
         skipped, loss_nonfinite, bad_batch, loss_mean = self._decider.decide(loss, loss_sum)
         room = None if watch is None or skipped else self._meter.growth_room(watch, scale)
@@ -233,7 +238,7 @@ class _LossScalingUpdater(CollapseAttributes):
         if watch_loss and math.isfinite(loss_mean):
             self.schedule.observe_loss(index, loss_mean)
         result = StepResult(index, skipped, scale, self.scale, attempts, precision, stats,
-                            bad_batch)
+                            bad_batch, loss_mean)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
@@ -254,16 +259,12 @@ class _LossScalingUpdater(CollapseAttributes):
                         f"{schedule.describe_switch()}")
         return self.high_precision_loss, 1.0, "float"
 
-    def _forward_backward(self, loss: "nn.Variable", scale: float, watch_loss: bool,
-                          watch: Optional[RangeWatch] = None,
-                          fed: bool = False) -> Optional[float]:
+    def _forward_backward(self, loss: "nn.Variable", scale: float,
+                          watch: Optional[RangeWatch] = None, fed: bool = False) -> float:
         """Zeroes the gradients, then ``accum_grad`` × (feed, forward, backward with
         ``scale``, watched by ``watch`` if given); ``fed``: the first micro-batch is fed and
-        forwarded already. Returns the sum of the micro-batches' losses where they are
-        read (for the loss trigger, and with accumulation so that a non-finite loss in any
-        micro-batch is seen), else None: with one micro-batch the loss is read on
-        overflow only."""
-        read = watch_loss or (self.accum_grad > 1 and self._check_enabled)
+        forwarded already. Returns the sum of the micro-batches' losses (each read through
+        its host pointer, a few microseconds)."""
         loss_sum = 0.0
         self._zero_grads()
         for i in range(self.accum_grad):
@@ -271,13 +272,12 @@ class _LossScalingUpdater(CollapseAttributes):
                 if self.data_feeder is not None:
                     self.data_feeder()
                 loss.forward(clear_no_need_grad=self.clear_buffer)
-            if read:
-                loss_sum += float(loss.d)
+            loss_sum += graph.scalar_value(loss, self._host)
             if watch is None:
                 loss.backward(scale, clear_buffer=self.clear_buffer)
             else:
                 watch.run(loss, scale, self.clear_buffer)
-        return loss_sum if read else None
+        return loss_sum
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -46,3 +46,13 @@ def test_gradient_statistics_are_each_ranks_own(run):
     # before the all-reduce the gradients differ: the last rank's are the largest
     largest = [meta["stats_max_abs"][0] for _, meta in res]
     assert largest[-1] > max(largest[:-1])
+
+
+def test_the_step_loss_is_the_mean_over_the_ranks(run):
+    n, res = run
+    ref = res[0][1]["loss"]
+    for _, meta in res:
+        assert meta["loss"] == ref                          # the same on every rank
+    mean = np.mean([meta["local_loss"] for _, meta in res], axis=0)
+    finite = np.isfinite(mean)
+    np.testing.assert_allclose(np.array(ref)[finite], mean[finite], rtol=1e-5)

@@ -71,12 +71,15 @@ updater = DynamicLossScalingUpdater(solver, loss, feed, scale="auto", N=3,
                                     growth_mode="measured", gradient_stats_every=4,
                                     comm=comm, average_ranks=True)
 meta = {"rank": rank, "size": size, "local_start": local_start, "skipped": [], "scale": [],
-        "next_scale": [], "stats_steps": [], "stats_max_abs": []}
+        "next_scale": [], "stats_steps": [], "stats_max_abs": [], "loss": [],
+        "local_loss": []}
 for _ in range(STEPS):
     r = updater.update()
     meta["skipped"].append(bool(r.skipped))
     meta["scale"].append(r.scale)
     meta["next_scale"].append(r.next_scale)
+    meta["loss"].append(r.loss)
+    meta["local_loss"].append(float(loss.d))      # this rank's batch (one micro-batch)
     if r.gradient_stats is not None:
         meta["stats_steps"].append(r.step)
         meta["stats_max_abs"].append(max(s.max_abs for s in r.gradient_stats.values()))
