@@ -34,15 +34,15 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from .detector import BatchCheck
+from .step_loss import StepLosses
 
 
-#: What the check of one step found, ``(overflow, loss_nonfinite, bad_batch, loss)``: skip
-#: the step (the reduced gradients overflowed); on a skipped step, whether some
-#: micro-batch's loss (on some rank) was itself non-finite, and whether some rank's batch
-#: held inf/NaN (:class:`~nnabla_mpt.detector.BatchCheck`): either way a smaller scale
-#: cannot help and the scale is kept; the mean loss over the micro-batches (and the
-#: ranks).
-Decision = Tuple[bool, bool, bool, float]
+#: What the check of one step found, ``(overflow, loss_nonfinite, bad_batch)``: skip the
+#: step (the reduced gradients overflowed); on a skipped step, whether some micro-batch's
+#: loss (on some rank) was itself non-finite, and whether some rank's batch held inf/NaN
+#: (:class:`~nnabla_mpt.detector.BatchCheck`): either way a smaller scale cannot help and
+#: the scale is kept.
+Decision = Tuple[bool, bool, bool]
 
 
 class LocalDecision:
@@ -51,23 +51,18 @@ class LocalDecision:
     Args:
         check: The overflow check of the solver's gradients, or None when checking is
             off (the step always updates); kept as the attribute ``check``.
-        accum_grad: Micro-batches per step, for the mean loss.
         batch: The check of a skipped step's batch (:class:`~nnabla_mpt.detector.BatchCheck`).
     """
 
-    def __init__(self, check: Optional[Callable[[], bool]], accum_grad: int,
-                 batch: BatchCheck) -> None:
+    def __init__(self, check: Optional[Callable[[], bool]], batch: BatchCheck) -> None:
         self.check = check
-        self._accum_grad = accum_grad
         self._batch = batch
 
-    def decide(self, loss: "nn.Variable", loss_sum: float) -> Decision:
-        """Checks the step's gradients; ``loss_sum``: the sum of its micro-batches' losses
-        (non-finite when one of them is)."""
-        mean = loss_sum / self._accum_grad
+    def decide(self, loss: "nn.Variable", losses: StepLosses) -> Decision:
+        """Checks the step's gradients; on overflow only, reads the step's ``losses``."""
         if self.check is None or not self.check():
-            return False, False, False, mean
-        return (True, not math.isfinite(loss_sum), bool(self._batch.nonfinite(loss)), mean)
+            return False, False, False
+        return True, not math.isfinite(losses.total()), bool(self._batch.nonfinite(loss))
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether a collapse is a pure overflow: the report says so."""
@@ -88,40 +83,38 @@ class StepAgreement:
             kept as the attribute ``check``.
         check_before: Check each rank's own gradients before the reduce too (see the
             module's docstring).
-        accum_grad: Micro-batches per step, for the mean loss.
         batch: The check of a skipped step's batch (:class:`~nnabla_mpt.detector.BatchCheck`).
     """
 
     def __init__(self, comm, reduce_list: List["nn.NdArray"],
                  check: Optional[Callable[[], bool]], check_before: bool,
-                 accum_grad: int, batch: BatchCheck) -> None:
+                 batch: BatchCheck) -> None:
         self._comm = comm
         self.reduce_list = reduce_list
         self.check = check
         self.check_before = check is not None and check_before
-        self._accum_grad = accum_grad
         self._batch = batch
 
-    def decide(self, loss: "nn.Variable", loss_sum: float) -> Decision:
+    def decide(self, loss: "nn.Variable", losses: StepLosses) -> Decision:
         """Reduces the gradients with the flags (one collective) and checks the result.
 
-        The flags are ``[this rank's overflow, its mean loss]`` (``loss_sum``: the sum of
-        its micro-batches' losses). On a skipped step, one more small all-reduce tells
-        whether some rank's loss was non-finite and whether some rank's batch held inf/NaN.
+        The flags are ``[this rank's overflow, its mean loss]``; the mean over the ranks
+        becomes the step's loss (``losses.set_mean``). On a skipped step, one more small
+        all-reduce tells whether some rank's loss was non-finite and whether some rank's
+        batch held inf/NaN.
         """
-        mean = loss_sum / self._accum_grad
         local = self.check_before and self.check()
         flags = self.reduce_list[-1]
-        flags.data = np.array([local, mean], dtype=np.float32)
+        flags.data = np.array([local, losses.mean()], dtype=np.float32)
         self._comm.all_reduce(self.reduce_list, division=False, inplace=True)
         flag, loss_total = (float(x) for x in flags.data)
-        mean = loss_total / self._comm.size
+        losses.set_mean(loss_total / self._comm.size)
         overflow = self.check is not None and (flag > 0.0 or self.check())
         if not overflow:
-            return False, False, False, mean
-        bad_losses, bad_batches = self._count([not math.isfinite(loss_sum),
+            return False, False, False
+        bad_losses, bad_batches = self._count([not math.isfinite(losses.total()),
                                                bool(self._batch.nonfinite(loss))])
-        return True, bad_losses > 0.0, bad_batches > 0.0, mean
+        return True, bad_losses > 0.0, bad_batches > 0.0
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether the collapse is a pure overflow, decided alike on every rank.
@@ -186,16 +179,16 @@ class StepAgreement:
 def decider(comm, params: Mapping[str, "nn.Variable"],
             grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
             float_only: bool, check: Optional[Callable[[], bool]], mode: str,
-            accum_grad: int, batch: BatchCheck):
+            batch: BatchCheck):
     """``(decider, shared gradients)`` for an updater: a :class:`LocalDecision` without a
     communicator; else a :class:`StepAgreement` over the arrays of :func:`reduce_list`,
     checking each rank's own gradients before the reduce too in the saturation ``mode``;
     the ranks compare what they exchange first (:meth:`StepAgreement.check_same_model`)."""
     if comm is None:
-        return LocalDecision(check, accum_grad, batch), None
+        return LocalDecision(check, batch), None
     arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only)
     check_before = mode != "inf_nan"
-    agreement = StepAgreement(comm, arrays, check, check_before, accum_grad, batch)
+    agreement = StepAgreement(comm, arrays, check, check_before, batch)
     agreement.check_same_model(params, grads)
     return agreement, shared
 

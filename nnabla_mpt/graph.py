@@ -79,20 +79,3 @@ def ceiling_of(loss) -> float:
     of the loss's dtype (``2**15`` for float16)."""
     from .dtypes import float_type
     return float_type(loss_dtype(loss)).max_power_of_two
-
-
-def host_context():
-    """The context of host memory, where :func:`scalar_value` reads."""
-    from nnabla.ext_utils import get_extension_context
-    return get_extension_context("cpu", type_config="float")
-
-
-def scalar_value(variable, host) -> float:
-    """The value of a one-element Variable, as a float: read through the host pointer of
-    its data in float32 (``host``: :func:`host_context`), about 5 µs where
-    ``float(variable.d)`` costs about 100 µs in nnabla 1.39."""
-    import ctypes
-
-    import numpy as np
-    return ctypes.c_float.from_address(
-        variable.data.data_ptr(np.float32, host, False)).value

@@ -18,7 +18,7 @@ import copy
 import math
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import nnabla as nn
@@ -30,6 +30,7 @@ from .collapse import CollapseAttributes, CollapseWatch
 from .detector import BatchCheck, OverflowDetector, overflow_check
 from .gradient_stats import GradientStats
 from .measured import ScaleMeter
+from .step_loss import StepLosses
 from .unscale import Unscaler
 from .watch import RangeWatch
 
@@ -55,8 +56,11 @@ class StepResult:
         bad_batch: True when the step was skipped because its batch (on some rank) held
             inf/NaN: no overflow, the scale is kept (see ``updater.bad_batches``).
         loss: The step's loss, before scaling: the mean over its micro-batches (and over
-            the ranks, with a communicator; summed in float32 there). ``loss.d`` holds
-            only the last micro-batch's.
+            the ranks, with a communicator; summed in float32 there), where ``loss.d``
+            holds only the last micro-batch's. Read when first asked for (a host read,
+            which training does not pay for otherwise); until the next ``update()`` the
+            last micro-batch's value is the loss Variable's own array, so read it before
+            running a forward pass of that Variable yourself. NaN in a result built by hand.
     """
     step: int
     skipped: bool
@@ -66,12 +70,17 @@ class StepResult:
     precision: str = "float"
     gradient_stats: Optional[Dict[str, GradientStats]] = None
     bad_batch: bool = False
-    loss: float = math.nan
+    _losses: Optional[StepLosses] = field(default=None, repr=False, compare=False)
 
     @property
     def updated(self) -> bool:
         """True when the solver updated the parameters."""
         return not self.skipped
+
+    @property
+    def loss(self) -> float:
+        """The step's loss (see the class's attributes)."""
+        return math.nan if self._losses is None else self._losses.mean()
 
 
 class _LossScalingUpdater(CollapseAttributes):
@@ -92,7 +101,6 @@ class _LossScalingUpdater(CollapseAttributes):
         self.solver = solver
         self.loss = options.trained_loss(loss, self._params)
         self._precision = graph.precision_of(self.loss)
-        self._host = graph.host_context()
         self.schedule, self.high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
         self.policy = policy = make_policy(graph.ceiling_of(self.loss))
@@ -139,8 +147,7 @@ class _LossScalingUpdater(CollapseAttributes):
                                          float32_cpu)
         float_only = self._precision == "float" and self.schedule is None
         return agreement.decider(self.comm, self._params, self.grads, shared_grads,
-                                 float_only, check_grads, self.detector.mode,
-                                 self.accum_grad, batch)
+                                 float_only, check_grads, self.detector.mode, batch)
 
     # -- the scale and what the step runs -----------------------------------------------
     @property
@@ -210,16 +217,18 @@ class _LossScalingUpdater(CollapseAttributes):
 
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
+        losses = StepLosses()
         fed = self._meter.calibration_pending    # scale="auto": the first step measures
         if fed:
+            losses.begin(self.loss)
             self._meter.calibrate(self.data_feeder, self._zero_grads)
         loss, scale, precision = self._graph_at(index)
         scaled = precision != "float" or self.schedule is None
         watch = self._meter.growth_watch() if scaled else None
         watch_loss = self.schedule is not None and self.schedule.needs_loss
-        loss_sum = self._forward_backward(loss, scale, watch, fed)
+        self._forward_backward(loss, scale, losses, watch, fed)
         stats = self._meter.statistics(index)     # as the backward produced them
-        skipped, loss_nonfinite, bad_batch, loss_mean = self._decider.decide(loss, loss_sum)
+        skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses)
         room = None if watch is None or skipped else self._meter.growth_room(watch, scale)
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
         # A non-finite loss or batch is no overflow: a smaller scale cannot fix it, so the
@@ -235,10 +244,10 @@ class _LossScalingUpdater(CollapseAttributes):
         else:
             self._unscaler.apply(scale)
             self.updates += 1
-        if watch_loss and math.isfinite(loss_mean):
-            self.schedule.observe_loss(index, loss_mean)
+        if watch_loss and math.isfinite(losses.mean()):
+            self.schedule.observe_loss(index, losses.mean())
         result = StepResult(index, skipped, scale, self.scale, attempts, precision, stats,
-                            bad_batch, loss_mean)
+                            bad_batch, losses)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
@@ -259,25 +268,22 @@ class _LossScalingUpdater(CollapseAttributes):
                         f"{schedule.describe_switch()}")
         return self.high_precision_loss, 1.0, "float"
 
-    def _forward_backward(self, loss: "nn.Variable", scale: float,
-                          watch: Optional[RangeWatch] = None, fed: bool = False) -> float:
-        """Zeroes the gradients, then ``accum_grad`` × (feed, forward, backward with
-        ``scale``, watched by ``watch`` if given); ``fed``: the first micro-batch is fed and
-        forwarded already. Returns the sum of the micro-batches' losses (each read through
-        its host pointer, a few microseconds)."""
-        loss_sum = 0.0
+    def _forward_backward(self, loss: "nn.Variable", scale: float, losses: StepLosses,
+                          watch: Optional[RangeWatch] = None, fed: bool = False) -> None:
+        """Zeroes the gradients, then ``accum_grad`` × (feed, forward into a new loss array
+        kept in ``losses``, backward with ``scale``, watched by ``watch`` if given);
+        ``fed``: the first micro-batch is fed and forwarded already."""
         self._zero_grads()
         for i in range(self.accum_grad):
             if not (fed and i == 0):
                 if self.data_feeder is not None:
                     self.data_feeder()
+                losses.begin(loss)
                 loss.forward(clear_no_need_grad=self.clear_buffer)
-            loss_sum += graph.scalar_value(loss, self._host)
             if watch is None:
                 loss.backward(scale, clear_buffer=self.clear_buffer)
             else:
                 watch.run(loss, scale, self.clear_buffer)
-        return loss_sum
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -34,3 +34,47 @@ def test_a_non_finite_loss_is_the_step_loss():
     first, second = updater.update(), updater.update()
     assert math.isfinite(first.loss) and not math.isfinite(second.loss)
     assert second.skipped
+
+
+@pytest.mark.parametrize("accum_grad", [1, 2])
+def test_each_result_keeps_its_own_loss_after_later_steps(accum_grad):
+    """Results are read after later steps ran: each keeps its own step's losses."""
+    net, twin = Net("float", scope="net"), Net("float", scope="twin")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
+                                        scale=8.0, accum_grad=accum_grad)
+    results = [updater.update() for _ in range(4)]
+    expected = []
+    for step in range(4):
+        values = []
+        for micro in range(accum_grad):
+            twin.feed(step * accum_grad + micro)
+            twin.loss.forward()
+            values.append(float(twin.loss.d))
+        expected.append(np.mean(values))
+    assert len(set(expected)) == 4                  # the batches give different losses
+    assert [r.loss for r in results] == pytest.approx(expected, rel=1e-6)
+    # loss.d still shows the last micro-batch's loss, as nnabla users read it
+    assert float(net.loss.d) == pytest.approx(values[-1], rel=1e-6)
+
+
+def test_a_skipped_step_reads_its_loss_before_anything_runs_the_graph_again():
+    """After a skip the diagnosis may run forward passes of the loss (and so may the
+    user): a skipped step's result has read its loss already."""
+    net = Net("half")
+    net.large = {0}                    # finite loss, gradients overflow at this scale
+    updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
+                                      scale=4096.0)
+    result = updater.update()
+    assert result.skipped and not result.bad_batch
+    net.feed(1)
+    net.loss.forward()                 # another batch, into the step's loss array
+    other, seen = float(net.loss.d), result.loss
+    net.feed(0)
+    net.loss.forward()                 # the step's own batch again
+    assert other != pytest.approx(float(net.loss.d))
+    assert seen == pytest.approx(float(net.loss.d), rel=1e-3)
+
+
+def test_a_result_built_by_hand_has_no_loss():
+    from nnabla_mpt import StepResult
+    assert math.isnan(StepResult(step=0, skipped=False, scale=1.0, next_scale=1.0).loss)
