@@ -38,6 +38,7 @@ class StepLosses:
     Attributes:
         arrays: The loss arrays, one per micro-batch, in order.
     """
+    __slots__ = ("arrays", "_total", "_mean")
 
     def __init__(self) -> None:
         self.arrays: List["nn.NdArray"] = []
