@@ -26,7 +26,7 @@ saturated value can sum back below the threshold).
 """
 import hashlib
 import math
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,6 +53,9 @@ class LocalDecision:
             off (the step always updates); kept as the attribute ``check``.
         batch: The check of a skipped step's batch (:class:`~nnabla_mpt.detector.BatchCheck`).
     """
+
+    #: No reduction runs inside the backward pass (see :class:`StepAgreement`).
+    in_backward = None
 
     def __init__(self, check: Optional[Callable[[], bool]], batch: BatchCheck) -> None:
         self.check = check
@@ -84,16 +87,20 @@ class StepAgreement:
         check_before: Check each rank's own gradients before the reduce too (see the
             module's docstring).
         batch: The check of a skipped step's batch (:class:`~nnabla_mpt.detector.BatchCheck`).
+        in_backward: ``() -> callback`` for the last backward pass of a step, where the
+            gradients are reduced inside it (nnabla's communicators, ``all_reduce_callback``;
+            ``reduce_list`` then holds the flags only), or None; kept as the attribute.
     """
 
     def __init__(self, comm, reduce_list: List["nn.NdArray"],
                  check: Optional[Callable[[], bool]], check_before: bool,
-                 batch: BatchCheck) -> None:
+                 batch: BatchCheck, in_backward: Optional[Callable[[], Any]] = None) -> None:
         self._comm = comm
         self.reduce_list = reduce_list
         self.check = check
         self.check_before = check is not None and check_before
         self._batch = batch
+        self.in_backward = in_backward
 
     def decide(self, loss: "nn.Variable", losses: StepLosses) -> Decision:
         """Reduces the gradients with the flags (one collective) and checks the result.
@@ -103,6 +110,8 @@ class StepAgreement:
         all-reduce tells whether some rank's loss was non-finite and whether some rank's
         batch held inf/NaN.
         """
+        if getattr(self._comm, "all_reduce_callback_armed", False):
+            raise _armed_error()
         local = self.check_before and self.check()
         flags = self.reduce_list[-1]
         flags.data = np.array([local, losses.mean()], dtype=np.float32)
@@ -179,18 +188,33 @@ class StepAgreement:
 def decider(comm, params: Mapping[str, "nn.Variable"],
             grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
             float_only: bool, check: Optional[Callable[[], bool]], mode: str,
-            batch: BatchCheck):
+            batch: BatchCheck, pack: Optional[int] = None):
     """``(decider, shared gradients)`` for an updater: a :class:`LocalDecision` without a
     communicator; else a :class:`StepAgreement` over the arrays of :func:`reduce_list`,
     checking each rank's own gradients before the reduce too in the saturation ``mode``;
-    the ranks compare what they exchange first (:meth:`StepAgreement.check_same_model`)."""
+    the ranks compare what they exchange first (:meth:`StepAgreement.check_same_model`).
+    With ``pack`` (``options.backward_reduction``) nnabla's callback reduces the gradients
+    inside the last backward pass, in packs of that many values, and the step's all-reduce
+    carries the flags only."""
     if comm is None:
         return LocalDecision(check, batch), None
     arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only)
+    in_backward = None
+    if pack is not None:
+        gradients, arrays = arrays[:-1], arrays[-1:]
+        in_backward = lambda: comm.all_reduce_callback(gradients, pack)  # noqa: E731
     check_before = mode != "inf_nan"
-    agreement = StepAgreement(comm, arrays, check, check_before, batch)
+    agreement = StepAgreement(comm, arrays, check, check_before, batch, in_backward)
     agreement.check_same_model(params, grads)
     return agreement, shared
+
+
+def _armed_error() -> RuntimeError:
+    return RuntimeError(
+        "comm has an all-reduce armed by all_reduce_callback() (or get_all_reduce_callback()): "
+        "it would reduce the gradients a second time, at the solver's first operation; the "
+        "updater reduces them itself. Call comm.clear_all_reduce_callback() before using "
+        "the updater")
 
 
 def reduce_list(comm, params: Mapping[str, "nn.Variable"],

@@ -7,8 +7,9 @@ that data-parallel training uses.
 The class checks arguments, counts and dispatches; the work is done in modules named
 after it: ``_fused`` (the fused buffer of an all-reduce and its two reductions, through
 shared memory or through MPI collectives), ``broadcast`` (bcast and
-broadcast_parameters), ``shared_grads`` (share_grads and the free-space check) and
-``abort`` (the exception hook and ``MPI_Abort``).
+broadcast_parameters), ``shared_grads`` (share_grads and the free-space check),
+``reduce_callback`` (all_reduce_callback: the reduction armed for the next solver
+operation) and ``abort`` (the exception hook and ``MPI_Abort``).
 """
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
@@ -17,38 +18,17 @@ import numpy as np
 import nnabla as nn
 
 from . import _fused, broadcast, shared_grads
+from ._collective_args import check_group, check_src, ndarray_list
 from ._hostarray import dtype_of
 from ._validate import boolean
 from .abort import abort_job, install_excepthook
+from .reduce_callback import AllReduceCallback, DeferredAllReduce
 from .shared_grads import SharedGradients
 
 __all__ = ["MPICommunicator", "SharedGradients"]
 
 Algorithm = Literal["auto", "shared_memory", "reduce_scatter", "reduce_bcast"]
 _ALGORITHMS = ("auto", "shared_memory", "reduce_scatter", "reduce_bcast")
-
-
-def _as_ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
-    """Normalise ``data`` (one NdArray or a sequence of them) to a list, with clear errors."""
-    if isinstance(data, nn.NdArray):
-        return [data]
-    if isinstance(data, nn.Variable):
-        raise TypeError(
-            f"{argname} must be an nnabla.NdArray or a list of them, got an nnabla.Variable "
-            f"of shape {tuple(data.shape)}; pass its .grad or .data")
-    if not isinstance(data, (list, tuple)):
-        raise TypeError(
-            f"{argname} must be an nnabla.NdArray or a list of them, got {type(data).__name__}: "
-            f"{data!r}")
-    if len(data) == 0:
-        raise ValueError(f"{argname} must contain at least one nnabla.NdArray, got an empty "
-                         f"{type(data).__name__}")
-    for i, a in enumerate(data):
-        if not isinstance(a, nn.NdArray):
-            hint = "; pass its .grad or .data" if isinstance(a, nn.Variable) else ""
-            raise TypeError(f"{argname}[{i}] must be an nnabla.NdArray, got "
-                            f"{type(a).__name__}{hint}")
-    return list(data)
 
 
 def _reduction_dtype(dtypes: Sequence[np.dtype]) -> np.dtype:
@@ -93,27 +73,14 @@ def _resolved_algorithm(algorithm: str, local_size: int, size: int) -> str:
     return algorithm
 
 
-def _check_src(src: Any, size: int) -> None:
-    if not isinstance(src, (int, np.integer)) or isinstance(src, bool):
-        raise TypeError(f"src must be an int, got {type(src).__name__}: {src!r}")
-    if not 0 <= src < size:
-        raise ValueError(f"src must be a rank in [0, {size - 1}], got {src}")
-
-
-def _check_group(group: Any) -> None:
-    if group != "world":
-        raise ValueError(f"group must be 'world' (the only group {MPICommunicator.__name__} "
-                         f"supports), got {group!r}")
-
-
-class MPICommunicator:
+class MPICommunicator(AllReduceCallback):
     """Data-parallel communicator for CPU training over MPI.
 
     It offers the part of nnabla's :class:`nnabla.communicators.Communicator` API that
-    training code uses, with the same names: :attr:`rank`, :attr:`size`,
-    :attr:`local_rank`, :meth:`all_reduce`, :meth:`bcast`, :meth:`barrier` and
-    :meth:`abort`, plus :meth:`broadcast_parameters` to start every rank from rank 0's
-    parameters. It can therefore be passed as ``comm`` to the loss-scaling updaters.
+    training code uses, with the same names (:attr:`rank`, :attr:`size`, :meth:`all_reduce`,
+    :meth:`all_reduce_callback`, :meth:`bcast`, ...), plus :meth:`broadcast_parameters` to
+    start every rank from rank 0's parameters. It can be passed as ``comm`` to the
+    loss-scaling updaters.
 
     :meth:`all_reduce` reduces all the arrays of a call together, as one buffer, with a
     fixed number of collectives, and gradients that :meth:`share_grads` placed in shared
@@ -178,6 +145,7 @@ class MPICommunicator:
         from nnabla.ext_utils import get_extension_context
         self._host_ctx = get_extension_context("cpu")
         self._windows = shared_grads.GradientWindows(MPI, comm, self._host_ctx)
+        self._deferred = DeferredAllReduce(self)
         self.n_all_reduce_calls = 0
         self.n_bcast_calls = 0
         self.n_collectives = 0
@@ -252,10 +220,10 @@ class MPICommunicator:
                 ``algorithm="shared_memory"``, the ranks passed different numbers of
                 arrays or of elements (raised on every rank).
         """
-        arrays = _as_ndarray_list(data)
+        arrays = ndarray_list(data)
         division = boolean("division", division)
         boolean("inplace", inplace)
-        _check_group(group)
+        check_group(group)
         self.n_all_reduce_calls += 1
         if self._size == 1:
             return  # the sum over one rank is the array itself, and so is the average
@@ -296,10 +264,10 @@ class MPICommunicator:
             ValueError: ``src`` is out of range, ``data`` is empty, or the shapes differ
                 between ranks.
         """
-        arrays = _as_ndarray_list(data)
-        _check_src(src, self._size)
+        arrays = ndarray_list(data)
+        check_src(src, self._size)
         boolean("inplace", inplace)
-        _check_group(group)
+        check_group(group)
         self._bcast_arrays(arrays, src, names=None)
 
     def broadcast_parameters(self, params: Union[Dict[str, Any], Sequence[Any]],
@@ -320,7 +288,7 @@ class MPICommunicator:
             ValueError: ``src`` is out of range, ``params`` is empty, or names or shapes
                 differ between ranks.
         """
-        _check_src(src, self._size)
+        check_src(src, self._size)
         names, arrays = broadcast.parameter_arrays(params)
         self._bcast_arrays(arrays, src, names=names)
 

@@ -225,6 +225,16 @@ COMMON = (
            "gradient_stats` holds each parameter's gradient statistics (zeros, subnormals, "
            "largest value, headroom; see :class:`~nnabla_mpt.GradientStats`); None "
            "(default): never.", _optional(_integer(1))),
+    Option("all_reduce_callback", None, Optional[int],
+           "Reduce the gradients inside the last micro-batch's backward pass, in packs of "
+           "this many values (nnabla-examples use ``2 << 20``), with the communicator's "
+           "``all_reduce_callback``: with nnabla's communicators (NCCL) the reduction "
+           "overlaps the pass. None (default): one all-reduce after the pass. With an "
+           ":class:`MPICommunicator` the gradients are reduced after the pass either way (a "
+           "CPU all-reduce cannot run inside nnabla's backward; an info line says so), with "
+           "the same result. Needs ``comm``; not with ``overflow_mode=\"saturation\"``, "
+           "which checks each rank's own gradients before the reduction.",
+           _optional(_integer(1))),
     Option("shared_grads", None, Optional[bool],
            "Put the gradients of the solver's parameters in the communicator's shared "
            "memory (:meth:`MPICommunicator.share_grads`), so that the step's all-reduce "
@@ -429,6 +439,37 @@ def fixed_policy(values: Mapping[str, Any], ceiling: float) -> FixedLossScale:
                          f"of two the loss's dtype holds: backward(scale) seeds the pass in "
                          f"that dtype, so every step would overflow; use scale <= {ceiling:g}")
     return policy
+
+
+def backward_reduction(values: Mapping[str, Any]) -> Optional[int]:
+    """The pack size of the all-reduce inside the backward pass that
+    ``all_reduce_callback`` asks for, or None where the gradients are reduced after the
+    pass: none asked for, or an :class:`MPICommunicator` (logged), whose reduction cannot
+    run inside nnabla's backward pass."""
+    pack, comm = values["all_reduce_callback"], values["comm"]
+    if pack is None:
+        return None
+    if comm is None:
+        raise ValueError(f"all_reduce_callback={pack!r} needs a communicator (comm=...): it "
+                         f"reduces the gradients over the ranks inside the backward pass")
+    from .communicator import MPICommunicator
+    if isinstance(comm, MPICommunicator):
+        logger.info(f"nnabla_mpt: all_reduce_callback={pack!r}: MPICommunicator reduces the "
+                    f"gradients after the backward pass (a CPU all-reduce cannot run inside "
+                    f"nnabla's backward), with the same result")
+        return None
+    from nnabla.communicators import Communicator
+    if not isinstance(comm, Communicator):
+        raise ValueError(f"all_reduce_callback={pack!r} needs nnabla's communicator (whose "
+                         f"callbacks run inside nnabla's backward pass) or an "
+                         f"MPICommunicator, got comm of type {type(comm).__name__}")
+    if values["overflow_mode"] == "saturation":
+        raise ValueError(f"all_reduce_callback={pack!r} cannot be combined with "
+                         f"overflow_mode='saturation': that mode checks each rank's own "
+                         f"gradients before the reduction, which would run inside the "
+                         f"backward pass; use overflow_mode='inf_nan' or "
+                         f"all_reduce_callback=None")
+    return pack
 
 
 def exchanged_grads(values: Mapping[str, Any],

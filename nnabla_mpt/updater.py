@@ -55,12 +55,6 @@ class StepResult:
             all-reduce); None on other steps.
         bad_batch: True when the step was skipped because its batch (on some rank) held
             inf/NaN: no overflow, the scale is kept (see ``updater.bad_batches``).
-        loss: The step's loss, before scaling: the mean over its micro-batches (and over
-            the ranks, with a communicator; summed in float32 there), where ``loss.d``
-            holds only the last micro-batch's. Read when first asked for (a host read,
-            which training does not pay for otherwise); until the next ``update()`` the
-            last micro-batch's value is the loss Variable's own array, so read it before
-            running a forward pass of that Variable yourself. NaN in a result built by hand.
     """
     step: int
     skipped: bool
@@ -79,7 +73,12 @@ class StepResult:
 
     @property
     def loss(self) -> float:
-        """The step's loss (see the class's attributes)."""
+        """The step's loss, before scaling: the mean over its micro-batches (and over the
+        ranks, with a communicator; summed in float32 there), where ``loss.d`` holds only
+        the last micro-batch's. Read when first asked for (a host read, which training
+        does not pay for otherwise); until the next ``update()`` the last micro-batch's
+        value is the loss Variable's own array, so read it before running a forward pass
+        of that Variable yourself. NaN in a result built by hand."""
         return math.nan if self._losses is None else self._losses.mean()
 
 
@@ -118,7 +117,9 @@ class _LossScalingUpdater(CollapseAttributes):
         self.average_ranks = values["average_ranks"]
         self._monitor = values["monitor"]
         batch = BatchCheck([self.loss, self.high_precision_loss], self._params)
-        self._decider, self.shared_grads = self._make_decider(values["shared_grads"], batch)
+        self._decider, self.shared_grads = self._make_decider(
+            values["shared_grads"], batch, options.backward_reduction(values))
+        self._in_backward = self._decider.in_backward
         self._zero_grads = (solver.zero_grad if self.shared_grads is None
                             else self.shared_grads.zero)
         self._unscaler = Unscaler(
@@ -137,8 +138,10 @@ class _LossScalingUpdater(CollapseAttributes):
         self.last_result: Optional[StepResult] = None
         self._running = threading.Lock()     # one update() at a time
 
-    def _make_decider(self, shared_grads: Optional[bool], batch: BatchCheck):
-        """The step's decision (local, or agreed by the ranks) and the shared gradients."""
+    def _make_decider(self, shared_grads: Optional[bool], batch: BatchCheck,
+                      pack: Optional[int]):
+        """The step's decision (local, or agreed by the ranks) and the shared gradients;
+        ``pack``: the gradients are reduced inside the backward pass (nnabla's callback)."""
         check_grads = None
         if self._check_enabled:
             float32_cpu = (self.schedule is None
@@ -147,7 +150,7 @@ class _LossScalingUpdater(CollapseAttributes):
                                          float32_cpu)
         float_only = self._precision == "float" and self.schedule is None
         return agreement.decider(self.comm, self._params, self.grads, shared_grads,
-                                 float_only, check_grads, self.detector.mode, batch)
+                                 float_only, check_grads, self.detector.mode, batch, pack)
 
     # -- the scale and what the step runs -----------------------------------------------
     @property
@@ -272,18 +275,22 @@ class _LossScalingUpdater(CollapseAttributes):
                           watch: Optional[RangeWatch] = None, fed: bool = False) -> None:
         """Zeroes the gradients, then ``accum_grad`` × (feed, forward into a new loss array
         kept in ``losses``, backward with ``scale``, watched by ``watch`` if given);
-        ``fed``: the first micro-batch is fed and forwarded already."""
+        ``fed``: the first micro-batch is fed and forwarded already. The last backward pass
+        carries nnabla's all-reduce callback where the gradients are reduced inside it."""
         self._zero_grads()
+        last = self.accum_grad - 1
         for i in range(self.accum_grad):
             if not (fed and i == 0):
                 if self.data_feeder is not None:
                     self.data_feeder()
                 losses.begin(loss)
                 loss.forward(clear_no_need_grad=self.clear_buffer)
+            reduce = None if i < last or self._in_backward is None else self._in_backward()
             if watch is None:
-                loss.backward(scale, clear_buffer=self.clear_buffer)
+                loss.backward(scale, clear_buffer=self.clear_buffer,
+                              communicator_callbacks=reduce)
             else:
-                watch.run(loss, scale, self.clear_buffer)
+                watch.run(loss, scale, self.clear_buffer, reduce)
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -304,11 +304,13 @@ class BackwardHooks(FunctionHooks):
     """A backward pass watched function by function: :meth:`run` calls ``loss.backward``
     with the hooks; several passes (micro-batches) can be watched by one object."""
 
-    def run(self, loss: Any, scale: float, clear_buffer: bool = False) -> "BackwardHooks":
+    def run(self, loss: Any, scale: float, clear_buffer: bool = False,
+            communicator_callbacks: Any = None) -> "BackwardHooks":
         """Run ``loss.backward(scale)`` watched by these hooks (every buffer kept unless
-        ``clear_buffer``)."""
+        ``clear_buffer``), with nnabla's ``communicator_callbacks`` if given."""
         loss.backward(scale, clear_buffer=clear_buffer, function_pre_hook=self.pre,
-                      function_post_hook=self.post)
+                      function_post_hook=self.post,
+                      communicator_callbacks=communicator_callbacks)
         self.raise_deferred()
         return self
 
