@@ -101,8 +101,10 @@ def worker(args):
         ratios = []
         for r in range(args.warmup + args.rounds):
             order = list(contenders) if r % 2 == 0 else list(reversed(list(contenders)))
-            got = {k: block(contenders[k], args.block_ms / 1000, comm) for k in order}
-            comm.clear_all_reduce_callback()      # the explicit route runs unarmed
+            got = {}
+            for k in order:
+                got[k] = block(contenders[k], args.block_ms / 1000, comm)
+                comm.clear_all_reduce_callback()      # the explicit route runs unarmed
             if r >= args.warmup:
                 for k, v in got.items():
                     times[k].append(v)

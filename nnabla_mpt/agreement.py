@@ -110,8 +110,6 @@ class StepAgreement:
         all-reduce tells whether some rank's loss was non-finite and whether some rank's
         batch held inf/NaN.
         """
-        if getattr(self._comm, "all_reduce_callback_armed", False):
-            raise _armed_error()
         local = self.check_before and self.check()
         flags = self.reduce_list[-1]
         flags.data = np.array([local, losses.mean()], dtype=np.float32)
@@ -209,12 +207,15 @@ def decider(comm, params: Mapping[str, "nn.Variable"],
     return agreement, shared
 
 
-def _armed_error() -> RuntimeError:
-    return RuntimeError(
-        "comm has an all-reduce armed by all_reduce_callback() (or get_all_reduce_callback()): "
-        "it would reduce the gradients a second time, at the solver's first operation; the "
-        "updater reduces them itself. Call comm.clear_all_reduce_callback() before using "
-        "the updater")
+def check_not_armed(comm) -> None:
+    """Raises ``RuntimeError`` if ``comm`` has an all-reduce armed by a script's
+    ``all_reduce_callback()``: it would reduce the step's gradients a second time."""
+    if getattr(comm, "all_reduce_callback_armed", False):
+        raise RuntimeError(
+            "comm has an all-reduce armed by all_reduce_callback() (or "
+            "get_all_reduce_callback()): it would reduce the gradients a second time, at the "
+            "solver's first operation; the updater reduces them itself. Call "
+            "comm.clear_all_reduce_callback() before using the updater")
 
 
 def reduce_list(comm, params: Mapping[str, "nn.Variable"],

@@ -44,6 +44,19 @@ def graph_inputs(loss) -> Dict:
     return seen
 
 
+def shared_parameters(loss, params: Mapping) -> List[str]:
+    """The names of the parameters in ``params`` (name -> Variable) that more than one
+    function of the graph of ``loss`` reads (tied weights, recurrent networks)."""
+    readers = {}
+
+    def count(f):
+        for v in set(f.inputs):
+            readers[v] = readers.get(v, 0) + 1
+
+    loss.visit(count)
+    return [name for name, v in params.items() if readers.get(v, 0) > 1]
+
+
 def data_inputs(loss, params: Mapping) -> List:
     """The batch the graph of ``loss`` reads: the leaf Variables without ``need_grad`` that
     some function reads, except parameters: those in ``params`` (name -> Variable) and

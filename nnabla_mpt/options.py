@@ -232,8 +232,10 @@ COMMON = (
            "overlaps the pass. None (default): one all-reduce after the pass. With an "
            ":class:`MPICommunicator` the gradients are reduced after the pass either way (a "
            "CPU all-reduce cannot run inside nnabla's backward; an info line says so), with "
-           "the same result. Needs ``comm``; not with ``overflow_mode=\"saturation\"``, "
-           "which checks each rank's own gradients before the reduction.",
+           "the same result. Needs ``comm``; with nnabla's communicators, not with "
+           "``overflow_mode=\"saturation\"`` (it checks each rank's own gradients before "
+           "the reduction) nor with a parameter used by several functions (nnabla's "
+           "callback would reduce its gradient more than once).",
            _optional(_integer(1))),
     Option("shared_grads", None, Optional[bool],
            "Put the gradients of the solver's parameters in the communicator's shared "
@@ -441,11 +443,12 @@ def fixed_policy(values: Mapping[str, Any], ceiling: float) -> FixedLossScale:
     return policy
 
 
-def backward_reduction(values: Mapping[str, Any]) -> Optional[int]:
+def backward_reduction(values: Mapping[str, Any], losses: Sequence["nn.Variable"],
+                       params: Mapping[str, "nn.Variable"]) -> Optional[int]:
     """The pack size of the all-reduce inside the backward pass that
     ``all_reduce_callback`` asks for, or None where the gradients are reduced after the
     pass: none asked for, or an :class:`MPICommunicator` (logged), whose reduction cannot
-    run inside nnabla's backward pass."""
+    run inside nnabla's backward pass. ``losses``: the graphs the step runs."""
     pack, comm = values["all_reduce_callback"], values["comm"]
     if pack is None:
         return None
@@ -469,6 +472,13 @@ def backward_reduction(values: Mapping[str, Any]) -> Optional[int]:
                          f"gradients before the reduction, which would run inside the "
                          f"backward pass; use overflow_mode='inf_nan' or "
                          f"all_reduce_callback=None")
+    shared = sorted({name for loss in losses for name in graph.shared_parameters(loss, params)})
+    if shared:
+        raise ValueError(f"all_reduce_callback={pack!r} cannot train parameters that several "
+                         f"functions read ({', '.join(shared[:5])}"
+                         f"{', ...' if len(shared) > 5 else ''}): nnabla's callback reduces a "
+                         f"gradient when a function reading it has run its backward, so "
+                         f"once per reader; use all_reduce_callback=None")
     return pack
 
 

@@ -23,15 +23,21 @@ How it differs from nnabla's callback (the distributed page tells users the same
   earlier one. It stays armed, so a callback made once and passed to every backward pass
   works as one made for each pass, until :meth:`DeferredAllReduce.clear`;
 * the hooks are process-wide: a pass of any graph followed by an operation of any solver
-  runs the reduction.
+  runs the reduction;
+* nnabla carries on with the solver's operation when a hook raises, so a failed reduction
+  ends the job (``MPI_Abort``) instead of letting the parameters move by this rank's own
+  gradients.
 """
+import traceback
 from typing import Any, List, Optional, Sequence, Union
 
 import nnabla as nn
 from nnabla import callback
+from nnabla.logger import logger
 
 from . import _validate as check
 from ._collective_args import check_group, ndarray_list
+from .abort import hard_abort
 
 
 class DeferredAllReduce:
@@ -84,6 +90,14 @@ class DeferredAllReduce:
                 for array in self._arrays:
                     array *= self._scale
             self._comm.all_reduce(self._arrays, division=self._division, inplace=True)
+        except BaseException:
+            # nnabla goes on with the solver's operation after a hook raised: the
+            # parameters would move by this rank's own gradients. End the job instead.
+            logger.error(f"rank {self._comm.rank} of {self._comm.size}: the all-reduce "
+                         f"armed by all_reduce_callback() failed inside nnabla's solver "
+                         f"hook, where an error cannot stop the solver; aborting the MPI "
+                         f"job (error code 1)\n{traceback.format_exc()}")
+            hard_abort(self._comm.comm, 1)
         finally:
             self._pending = False    # after the reduce: never a second one for this pass
 

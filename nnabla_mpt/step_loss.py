@@ -3,58 +3,64 @@
 nnabla writes a loss into the same array at every forward pass: after a step ``loss.d``
 holds only the last micro-batch's loss, and a value kept for later is overwritten by the
 next step. So before each forward pass of a step the updater gives the loss a new array
-(:meth:`StepLosses.begin`, about 1 µs), and the step's result keeps the arrays. Reading a
-loss to the host costs 15-20 µs inside a training step on the CPU (and a synchronisation
-on a GPU), so the arrays are read only where a value is needed: when
+(:meth:`LossRecorder.before_forward`, about 1 µs), and the step's result keeps the arrays.
+Reading a loss to the host costs 15-20 µs inside a training step on the CPU (and a
+synchronisation on a GPU), so the arrays are read only where a value is needed: when
 ``StepResult.loss`` is asked for, on a skipped step (was a loss non-finite?), for the
 ranks' mean (it travels with the gradients' all-reduce) and for the precision schedule's
 loss trigger.
+
+A loss computed in place (``F.reshape`` of the loss, by default) shares its input's array
+and a new array would never be written: such a loss is read right after each forward
+pass instead.
 
 The step's last array stays the loss Variable's array until the next ``update()``: a
 forward pass of that Variable run outside ``update()`` in between writes into it. A
 skipped step reads its losses at once (the updater's diagnosis runs forward passes).
 """
 import ctypes
-import math
-from typing import List, Optional
+import struct
+from typing import List, Optional, Union
 
 import numpy as np
 
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
 
+from ._hostarray import dtype_of
+
 _HOST = get_extension_context("cpu", type_config="float")
 
 
 def scalar_value(array: "nn.NdArray") -> float:
-    """The first value of ``array`` as a float, read through its host pointer in float32:
-    about 5 µs where ``float(variable.d)`` costs about 100 µs in nnabla 1.39."""
-    return ctypes.c_float.from_address(array.data_ptr(np.float32, _HOST, False)).value
+    """The first value of ``array`` as a float, read through its host pointer in the dtype
+    it holds (so that reading leaves it as it is): about 5 µs where ``float(variable.d)``
+    costs about 100 µs in nnabla 1.39."""
+    dtype = dtype_of(array)
+    pointer = array.data_ptr(dtype, _HOST, False)
+    return float(struct.unpack(dtype.char, ctypes.string_at(pointer, dtype.itemsize))[0])
+
+
+def computed_in_place(loss: "nn.Variable") -> bool:
+    """Whether the function computing ``loss`` writes it into its input's array."""
+    return loss.parent.inplace_data(0) != 0
 
 
 class StepLosses:
-    """The losses of one step's micro-batches, each in an array of its own.
-
-    Attributes:
-        arrays: The loss arrays, one per micro-batch, in order.
-    """
-    __slots__ = ("arrays", "_total", "_mean")
+    """The losses of one step's micro-batches, in order: arrays of their own, or values
+    read at once (a loss computed in place)."""
+    __slots__ = ("values", "_total", "_mean")
 
     def __init__(self) -> None:
-        self.arrays: List["nn.NdArray"] = []
+        self.values: List[Union["nn.NdArray", float]] = []
         self._total: Optional[float] = None
         self._mean: Optional[float] = None
-
-    def begin(self, loss: "nn.Variable") -> None:
-        """Gives ``loss`` a new array for the next forward pass to write into."""
-        fresh = nn.NdArray(loss.shape)
-        loss.data = fresh
-        self.arrays.append(fresh)
 
     def total(self) -> float:
         """The sum of the micro-batches' losses (non-finite when one of them is); read once."""
         if self._total is None:
-            self._total = math.fsum(scalar_value(a) for a in self.arrays)
+            self._total = sum(v if isinstance(v, float) else scalar_value(v)
+                              for v in self.values)
         return self._total
 
     def set_mean(self, mean: float) -> None:
@@ -64,5 +70,40 @@ class StepLosses:
     def mean(self) -> float:
         """The step's loss: the mean over its micro-batches (or as :meth:`set_mean` set)."""
         if self._mean is None:
-            self._mean = self.total() / len(self.arrays)
+            self._mean = self.total() / len(self.values)
         return self._mean
+
+    def __reduce__(self):
+        """Copies and pickles (``copy.deepcopy``, ``dataclasses.asdict`` of a result) hold
+        the value, not nnabla's arrays."""
+        return _known, (self.mean(),)
+
+
+def _known(mean: float) -> StepLosses:
+    losses = StepLosses()
+    losses.set_mean(mean)
+    return losses
+
+
+class LossRecorder:
+    """How the losses of one loss Variable are kept, step after step.
+
+    Args:
+        loss: The loss Variable.
+    """
+
+    def __init__(self, loss: "nn.Variable") -> None:
+        self._loss = loss
+        self._in_place = computed_in_place(loss)
+
+    def before_forward(self, losses: StepLosses) -> None:
+        """Gives the loss a new array for the next forward pass to write into."""
+        if not self._in_place:
+            fresh = nn.NdArray(self._loss.shape)
+            self._loss.data = fresh
+            losses.values.append(fresh)
+
+    def after_forward(self, losses: StepLosses) -> None:
+        """Reads a loss computed in place (its array is its input's)."""
+        if self._in_place:
+            losses.values.append(scalar_value(self._loss.data))

@@ -30,7 +30,7 @@ from .collapse import CollapseAttributes, CollapseWatch
 from .detector import BatchCheck, OverflowDetector, overflow_check
 from .gradient_stats import GradientStats
 from .measured import ScaleMeter
-from .step_loss import StepLosses
+from .step_loss import LossRecorder, StepLosses
 from .unscale import Unscaler
 from .watch import RangeWatch
 
@@ -102,6 +102,8 @@ class _LossScalingUpdater(CollapseAttributes):
         self._precision = graph.precision_of(self.loss)
         self.schedule, self.high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
+        graphs = [v for v in (self.loss, self.high_precision_loss) if v is not None]
+        self._recorders = {id(v): LossRecorder(v) for v in graphs}
         self.policy = policy = make_policy(graph.ceiling_of(self.loss))
         self.data_feeder = values["data_feeder"]
         self.clear_buffer = values["clear_buffer"]
@@ -117,8 +119,9 @@ class _LossScalingUpdater(CollapseAttributes):
         self.average_ranks = values["average_ranks"]
         self._monitor = values["monitor"]
         batch = BatchCheck([self.loss, self.high_precision_loss], self._params)
-        self._decider, self.shared_grads = self._make_decider(
-            values["shared_grads"], batch, options.backward_reduction(values))
+        self._decider, self.shared_grads = _decider(
+            self, values["shared_grads"], batch,
+            options.backward_reduction(values, graphs, self._params))
         self._in_backward = self._decider.in_backward
         self._zero_grads = (solver.zero_grad if self.shared_grads is None
                             else self.shared_grads.zero)
@@ -137,20 +140,6 @@ class _LossScalingUpdater(CollapseAttributes):
         self.skipped_steps = 0
         self.last_result: Optional[StepResult] = None
         self._running = threading.Lock()     # one update() at a time
-
-    def _make_decider(self, shared_grads: Optional[bool], batch: BatchCheck,
-                      pack: Optional[int]):
-        """The step's decision (local, or agreed by the ranks) and the shared gradients;
-        ``pack``: the gradients are reduced inside the backward pass (nnabla's callback)."""
-        check_grads = None
-        if self._check_enabled:
-            float32_cpu = (self.schedule is None
-                           and graph.backend_of(self.loss) == ["cpu:float"])
-            check_grads = overflow_check(self.detector, self.solver, self._params,
-                                         float32_cpu)
-        float_only = self._precision == "float" and self.schedule is None
-        return agreement.decider(self.comm, self._params, self.grads, shared_grads,
-                                 float_only, check_grads, self.detector.mode, batch, pack)
 
     # -- the scale and what the step runs -----------------------------------------------
     @property
@@ -204,11 +193,14 @@ class _LossScalingUpdater(CollapseAttributes):
 
         Raises:
             RuntimeError: ``update()`` is already running, in another thread or further up
-                this one (a monitor hook or data feeder calling it): one step at a time.
+                this one (a monitor hook or data feeder calling it): one step at a time. Or
+                ``comm`` has an all-reduce armed by a script's ``all_reduce_callback()``.
         """
         if not self._running.acquire(False):     # non-blocking
             raise _already_running(self)
         try:
+            if self.comm is not None:
+                agreement.check_not_armed(self.comm)
             result = self._step(1)
             attempts = 1
             while result.skipped and attempts <= self.max_retries:
@@ -223,8 +215,10 @@ class _LossScalingUpdater(CollapseAttributes):
         losses = StepLosses()
         fed = self._meter.calibration_pending    # scale="auto": the first step measures
         if fed:
-            losses.begin(self.loss)
+            recorder = self._recorders[id(self.loss)]
+            recorder.before_forward(losses)
             self._meter.calibrate(self.data_feeder, self._zero_grads)
+            recorder.after_forward(losses)
         loss, scale, precision = self._graph_at(index)
         scaled = precision != "float" or self.schedule is None
         watch = self._meter.growth_watch() if scaled else None
@@ -273,18 +267,20 @@ class _LossScalingUpdater(CollapseAttributes):
 
     def _forward_backward(self, loss: "nn.Variable", scale: float, losses: StepLosses,
                           watch: Optional[RangeWatch] = None, fed: bool = False) -> None:
-        """Zeroes the gradients, then ``accum_grad`` × (feed, forward into a new loss array
-        kept in ``losses``, backward with ``scale``, watched by ``watch`` if given);
+        """Zeroes the gradients, then ``accum_grad`` × (feed, forward with the loss kept in
+        ``losses``, backward with ``scale``, watched by ``watch`` if given);
         ``fed``: the first micro-batch is fed and forwarded already. The last backward pass
         carries nnabla's all-reduce callback where the gradients are reduced inside it."""
+        recorder = self._recorders[id(loss)]
         self._zero_grads()
         last = self.accum_grad - 1
         for i in range(self.accum_grad):
             if not (fed and i == 0):
                 if self.data_feeder is not None:
                     self.data_feeder()
-                losses.begin(loss)
+                recorder.before_forward(losses)
                 loss.forward(clear_no_need_grad=self.clear_buffer)
+                recorder.after_forward(losses)
             reduce = None if i < last or self._in_backward is None else self._in_backward()
             if watch is None:
                 loss.backward(scale, clear_buffer=self.clear_buffer,
@@ -427,6 +423,22 @@ def _current(state: Mapping[str, Any]) -> Mapping[str, Any]:
         return state
     check.exact_keys("state (version 1)", state, set(_STATE_KEYS) - {"bad_batches"})
     return {**state, "version": _UPDATER_STATE_VERSION, "bad_batches": 0}
+
+
+def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: BatchCheck,
+             pack: Optional[int]):
+    """The step's decision of ``updater`` (local, or agreed by the ranks) and the shared
+    gradients; ``pack``: the gradients are reduced inside the backward pass (nnabla's
+    callback, :func:`options.backward_reduction`)."""
+    check_grads = None
+    if updater.enable_overflow_check:
+        float32_cpu = (updater.schedule is None
+                       and graph.backend_of(updater.loss) == ["cpu:float"])
+        check_grads = overflow_check(updater.detector, updater.solver, updater._params,
+                                     float32_cpu)
+    float_only = updater._precision == "float" and updater.schedule is None
+    return agreement.decider(updater.comm, updater._params, updater.grads, shared_grads,
+                             float_only, check_grads, updater.detector.mode, batch, pack)
 
 
 def _already_running(updater: _LossScalingUpdater) -> RuntimeError:

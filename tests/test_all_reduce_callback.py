@@ -4,9 +4,12 @@ import numpy as np
 import pytest
 
 import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
 
-from mpi_helpers import bits, ranks_fixture
+from mpi_helpers import bits, ranks_fixture, run_mpi
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, MPICommunicator
+from nnabla_mpt import graph
 from support import Net
 
 run = ranks_fixture("reduce_callback.py")
@@ -137,3 +140,34 @@ def test_the_updater_keyword_needs_a_communicator_that_can_honour_it():
                                 all_reduce_callback=1024)
     with pytest.raises(ValueError, match=r"all_reduce_callback must be >= 1, got 0"):
         DynamicLossScalingUpdater(net.solver(), net.loss, all_reduce_callback=0)
+
+
+def test_a_reduction_that_fails_in_the_solver_hook_ends_the_job_before_the_update(tmp_path):
+    proc = run_mpi(2, "reduce_callback_fails.py", tmp_path)
+    assert proc.returncode != 0
+    assert "failed inside nnabla's solver hook" in proc.stderr
+    assert "ValueError" in proc.stderr            # the reduction's own error, in the log
+    assert not list(tmp_path.glob("updated*"))
+
+
+def test_the_armed_communicator_is_refused_before_a_batch_is_fed(solo):
+    net = Net("float", scope="solo_armed")
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, comm=solo)
+    solo.all_reduce_callback([v.grad for v in net.params.values()], 1024)
+    with pytest.raises(RuntimeError, match=r"comm.clear_all_reduce_callback\(\)"):
+        updater.update()
+    assert net.calls == 0 and updater.steps == 0
+    solo.clear_all_reduce_callback()
+    assert updater.update().updated and net.calls == 1
+
+
+def test_parameters_read_by_several_functions_are_found():
+    x = nn.Variable((2, 3))
+    with nn.parameter_scope("tied"):
+        h = PF.affine(x, 3, name="shared")
+        y = PF.affine(h, 3, name="shared")          # the same W and b again
+        loss = F.mean(PF.affine(y, 1, name="head"))
+        params = nn.get_parameters()
+    assert graph.shared_parameters(loss, params) == ["shared/affine/W", "shared/affine/b"]
+    net = Net("float", scope="untied")
+    assert graph.shared_parameters(net.loss, net.params) == []

@@ -1,10 +1,17 @@
 """StepResult.loss: the step's loss, the mean over its micro-batches, before scaling."""
+import copy
+import dataclasses
 import math
+import pickle
 
 import numpy as np
 import pytest
 
+import nnabla as nn
+import nnabla.functions as F
+
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt.step_loss import StepLosses
 from support import Net
 
 
@@ -78,3 +85,51 @@ def test_a_skipped_step_reads_its_loss_before_anything_runs_the_graph_again():
 def test_a_result_built_by_hand_has_no_loss():
     from nnabla_mpt import StepResult
     assert math.isnan(StepResult(step=0, skipped=False, scale=1.0, next_scale=1.0).loss)
+
+
+@pytest.mark.parametrize("accum_grad", [1, 2])
+def test_a_loss_computed_in_place_is_read_after_each_forward_pass(accum_grad):
+    """F.reshape of the loss writes into its input's array: a new array for the loss
+    would never be written, so such a loss is read at once."""
+    net, twin = Net("float", scope="net"), Net("float", scope="twin")
+    with nn.context_scope(net.ctx):
+        loss = F.reshape(net.loss, (1,))             # in place by default
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), loss, net.feeder,
+                                        scale=8.0, accum_grad=accum_grad)
+    results = [updater.update() for _ in range(3)]
+    expected = []
+    for step in range(3):
+        values = []
+        for micro in range(accum_grad):
+            twin.feed(step * accum_grad + micro)
+            twin.loss.forward()
+            values.append(float(twin.loss.d))
+        expected.append(np.mean(values))
+    assert [r.loss for r in results] == pytest.approx(expected, rel=1e-6)
+    assert float(loss.d[0]) == pytest.approx(values[-1], rel=1e-6)    # loss.d as before
+
+
+def test_reading_the_loss_leaves_its_array_in_its_dtype():
+    net = Net("half")
+    updater = FixedLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=8.0)
+    result = updater.update()
+    assert math.isfinite(result.loss)
+    assert net.loss.data.dtype == np.float16
+
+
+def test_losses_of_both_signs_of_infinity_sum_to_nan():
+    losses = StepLosses()
+    for value in (np.inf, -np.inf):
+        array = nn.NdArray((1,))
+        array.data = np.array([value], dtype=np.float32)
+        losses.values.append(array)
+    assert math.isnan(losses.total()) and math.isnan(losses.mean())
+
+
+def test_a_result_copies_and_pickles_with_its_loss():
+    net = Net("float")
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=8.0)
+    result = updater.update()
+    for copied in (copy.deepcopy(result), pickle.loads(pickle.dumps(result))):
+        assert copied.loss == result.loss and copied.step == result.step
+    assert dataclasses.asdict(result)["step"] == result.step
