@@ -21,7 +21,9 @@ How it differs from nnabla's callback (the distributed page tells users the same
 * every armed array is reduced, not only those the backward pass reached;
 * a communicator holds one armed reduction: a later call replaces the arrays of an
   earlier one. It stays armed, so a callback made once and passed to every backward pass
-  works as one made for each pass, until :meth:`DeferredAllReduce.clear`;
+  works as one made for each pass, until :meth:`DeferredAllReduce.clear`; then nnabla's
+  function hook, a Python call for every function of every pass, tells that a pass ran
+  (a script that arms for each pass drops it after its first step);
 * the hooks are process-wide: a pass of any graph followed by an operation of any solver
   runs the reduction;
 * nnabla carries on with the solver's operation when a hook raises, so a failed reduction
@@ -53,7 +55,9 @@ class DeferredAllReduce:
         self._arrays: Optional[List["nn.NdArray"]] = None
         self._division = False
         self._scale = 1.0
-        self._pending = False     # a pass of some graph ran since the last reduction
+        self._pending = False     # a reduction is due at the next solver operation
+        self._watching = False    # nnabla's function hook marks every pass as due
+        self._reduced = False     # a reduction ran since the last arm()
 
     @property
     def armed(self) -> bool:
@@ -62,19 +66,32 @@ class DeferredAllReduce:
 
     def arm(self, arrays: List["nn.NdArray"], division: bool, scale: float) -> None:
         """Arms the reduction of ``arrays`` (multiplied by ``scale`` first, divided by the
-        number of ranks after if ``division``), replacing an armed one."""
+        number of ranks after if ``division``), replacing an armed one; it is due at the
+        next solver operation.
+
+        The first call also sets nnabla's function hook, which makes every later pass due
+        (a callback made once and passed to every backward pass). A call after a reduction
+        shows a script that arms for each pass: arming marks the pass, and the function
+        hook, a Python call for every function of every pass, is removed.
+        """
         if self._arrays is None:
-            callback.set_function_post_hook(self._key, self._saw_pass)
             callback.set_solver_pre_hook(self._key, self._before_solver)
+            callback.set_function_post_hook(self._key, self._saw_pass)
+            self._watching = True
+        elif self._watching and self._reduced:
+            callback.unset_function_post_hook(self._key)
+            self._watching = False
         self._arrays, self._division, self._scale = arrays, division, scale
+        self._pending, self._reduced = True, False
 
     def clear(self) -> None:
         """Disarms the reduction and removes the hooks."""
-        if self._arrays is not None:
+        if self._watching:
             callback.unset_function_post_hook(self._key)
+        if self._arrays is not None:
             callback.unset_solver_pre_hook(self._key)
         self._arrays = None
-        self._pending = False
+        self._pending = self._watching = self._reduced = False
 
     def _saw_pass(self, function: Any) -> None:
         """nnabla's hook after each function of any forward or backward pass."""
@@ -100,6 +117,7 @@ class DeferredAllReduce:
             hard_abort(self._comm.comm, 1)
         finally:
             self._pending = False    # after the reduce: never a second one for this pass
+            self._reduced = True
 
 
 class AllReduceCallback:
