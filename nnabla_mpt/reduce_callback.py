@@ -20,12 +20,12 @@ How it differs from nnabla's callback (the distributed page tells users the same
 * until the first solver operation the gradients are still this rank's own;
 * every armed array is reduced, not only those the backward pass reached;
 * a communicator holds one armed reduction: a later call replaces the arrays of an
-  earlier one. It stays armed, so a callback made once and passed to every backward pass
-  works as one made for each pass, until :meth:`DeferredAllReduce.clear`; then nnabla's
-  function hook, a Python call for every function of every pass, tells that a pass ran
-  (a script that arms for each pass drops it after its first step);
-* the hooks are process-wide: a pass of any graph followed by an operation of any solver
-  runs the reduction;
+  earlier one. It stays armed until :meth:`DeferredAllReduce.clear`, so a callback made
+  once and passed to every backward pass works as one made for each pass: for that,
+  nnabla's function hook, a Python call for every function of every pass, tells that a
+  pass ran (a script that arms for each pass drops it after its first step);
+* the hooks are process-wide: the next operation of any solver runs a due reduction, and
+  while the function hook is in place, a pass of any graph makes one due;
 * nnabla carries on with the solver's operation when a hook raises, so a failed reduction
   ends the job (``MPI_Abort``) instead of letting the parameters move by this rank's own
   gradients.
@@ -98,8 +98,8 @@ class DeferredAllReduce:
         self._pending = True
 
     def _before_solver(self) -> None:
-        """nnabla's hook before a solver processes each parameter: the first one after a
-        pass runs the reduction, the others find nothing pending."""
+        """nnabla's hook before a solver processes each parameter: the first call while a
+        reduction is due runs it, the others find nothing due."""
         if not self._pending:
             return
         try:
@@ -135,15 +135,17 @@ class AllReduceCallback:
 
         nnabla's backward pass runs only callbacks made by its C++ communicators, so this
         CPU communicator cannot reduce inside it. The armed reduction runs right before
-        the next solver operation that follows a forward or backward pass (``update``,
-        ``weight_decay``, ``clip_grad_by_norm``, ``scale_grad``,
-        ``check_inf_or_nan_grad``; not ``zero_grad``), through nnabla's process-wide
-        hooks: the solver sees the gradients bit for bit as :meth:`all_reduce` right after
-        the backward pass gives them. A later call replaces the arrays; the reduction stays
-        armed (one call before the loop serves every step) until
-        :meth:`clear_all_reduce_callback`. Until that solver operation the gradients are
-        this rank's own, and every array of ``data`` is reduced, also one the backward pass
-        did not reach. See :doc:`distributed` for the differences from nnabla's callback.
+        the next solver operation (``update``, ``weight_decay``, ``clip_grad_by_norm``,
+        ``scale_grad``, ``check_inf_or_nan_grad``; not ``zero_grad``), through nnabla's
+        process-wide hooks: the solver sees the gradients bit for bit as
+        :meth:`all_reduce` right after the backward pass gives them. A later call replaces
+        the arrays. The reduction stays armed until :meth:`clear_all_reduce_callback`: one
+        call before the loop serves every step, a pass making it due again through
+        nnabla's function hook (a Python call per function of every pass, dropped once the
+        script is seen to call this for each pass). Until that solver operation the
+        gradients are this rank's own, and every array of ``data`` is reduced, also one
+        the backward pass did not reach. See :doc:`distributed` for the differences from
+        nnabla's callback.
 
         Args:
             data: One :class:`nnabla.NdArray` or a list of them (the ``.grad`` of the

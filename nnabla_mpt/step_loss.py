@@ -22,8 +22,6 @@ import ctypes
 import struct
 from typing import List, Optional, Union
 
-import numpy as np
-
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
 

@@ -8,7 +8,6 @@ import pytest
 
 import nnabla as nn
 import nnabla.functions as F
-from nnabla.logger import logger
 
 from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
                         LossScaleCollapseError)
