@@ -104,6 +104,7 @@ class _LossScalingUpdater(CollapseAttributes):
             values, self.loss, self._params)
         graphs = [v for v in (self.loss, self.high_precision_loss) if v is not None]
         self._recorders = {id(v): LossRecorder(v) for v in graphs}
+        self._spare_losses = []      # loss arrays of results nobody holds (step_loss.py)
         self.policy = policy = make_policy(graph.ceiling_of(self.loss))
         self.data_feeder = values["data_feeder"]
         self.clear_buffer = values["clear_buffer"]
@@ -212,7 +213,7 @@ class _LossScalingUpdater(CollapseAttributes):
 
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
-        losses = StepLosses()
+        losses = StepLosses(self._spare_losses)
         fed = self._meter.calibration_pending    # scale="auto": the first step measures
         if fed:
             recorder = self._recorders[id(self.loss)]

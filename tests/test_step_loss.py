@@ -133,3 +133,23 @@ def test_a_result_copies_and_pickles_with_its_loss():
     for copied in (copy.deepcopy(result), pickle.loads(pickle.dumps(result))):
         assert copied.loss == result.loss and copied.step == result.step
     assert dataclasses.asdict(result)["step"] == result.step
+
+
+def test_arrays_of_results_nobody_holds_are_written_again_and_kept_ones_are_not():
+    net, twin = Net("float", scope="net"), Net("float", scope="twin")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
+                                        scale=8.0, accum_grad=2)
+    kept = None
+    for step in range(6):
+        result = updater.update()
+        if step == 2:
+            kept = result
+        # the arrays come back from the results dropped: no more than one step's worth
+        assert len(updater._spare_losses) <= 2
+    del result
+    twin.feed(4)
+    twin.loss.forward()
+    first = float(twin.loss.d)
+    twin.feed(5)
+    twin.loss.forward()
+    assert kept.loss == pytest.approx((first + float(twin.loss.d)) / 2, rel=1e-6)
