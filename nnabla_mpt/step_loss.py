@@ -2,10 +2,10 @@
 
 nnabla writes a loss into the same array at every forward pass: after a step ``loss.d``
 holds only the last micro-batch's loss, and a value kept for later is overwritten by the
-next step. So before each forward pass of a step the updater gives the loss a new array
-(:meth:`LossRecorder.before_forward`), and the step's result keeps the arrays. A result
-that nobody holds any more gives its arrays back for later steps (the first forward pass
-into a new array costs an allocation, about 10 µs a step for a 1e4-parameter model).
+next step. So before each forward pass of a step the updater gives the loss an array of
+its own (:meth:`LossRecorder.before_forward`), and the step's result keeps the arrays. A
+result that nobody holds any more gives its arrays back for later steps (the first forward
+pass into a new array costs an allocation, about 10 µs a step for a 1e4-parameter model).
 Reading a loss to the host costs 15-20 µs inside a training step on the CPU (and a
 synchronisation on a GPU), so the arrays are read only where a value is needed: when
 ``StepResult.loss`` is asked for, on a skipped step (was a loss non-finite?), for the

@@ -1,0 +1,84 @@
+"""What keeping the step's loss costs: the updater as it is against the same updater with
+the loss's array taken out of the step, in one process.
+
+Run::
+
+    .venv/bin/python benchmarks/step_loss_cost.py [--rounds 300] [--model mlp-1e4]
+
+Three copies of the model of ``updater_overhead.py``, each with its own
+``DynamicLossScalingUpdater``, timed in interleaved blocks (the order reverses every
+round):
+
+* ``as_is``     before each forward pass the loss gets an array of its own, which the
+                step's result keeps (and gives back when nobody holds the result);
+* ``no_array``  the recorder does nothing: the loss keeps its one array, and no result
+                could give its loss (what the loop did before ``StepResult.loss``);
+* ``handed``    three arrays handed round in turn, never allocated again: the least a
+                kept array can cost.
+
+The table shows the median step time of each and the medians over rounds of the
+per-round ratios to ``no_array``. Nothing here reads the loss.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import nnabla as nn  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import updater_overhead as overhead  # noqa: E402
+from nnabla_mpt import DynamicLossScalingUpdater  # noqa: E402
+
+
+def contenders(spec):
+    def updater(scope):
+        loss, params = overhead.build(scope, spec, 0)
+        return DynamicLossScalingUpdater(overhead.make_solver(params), loss, overhead.feed,
+                                         scale=8.0, N=10 ** 9)
+
+    as_is, no_array, handed = updater("as_is"), updater("no_array"), updater("handed")
+    recorder = no_array._recorders[id(no_array.loss)]
+    recorder.before_forward = recorder.after_forward = lambda losses: None
+    ring = [nn.NdArray(handed.loss.shape) for _ in range(3)]
+    turn = [0]
+
+    def hand_round(losses):
+        array = ring[turn[0] % len(ring)]
+        turn[0] += 1
+        handed.loss.data = array
+        losses.values.append(array)
+
+    handed._recorders[id(handed.loss)].before_forward = hand_round
+    return {"as_is": as_is, "no_array": no_array, "handed": handed}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=80, help="steps per block")
+    parser.add_argument("--model", choices=list(overhead.MODELS), default="mlp-1e4")
+    args = parser.parse_args()
+    updaters = contenders(overhead.MODELS[args.model])
+    times = {k: [] for k in updaters}
+    for r in range(args.warmup + args.rounds):
+        order = list(updaters) if r % 2 == 0 else list(reversed(list(updaters)))
+        for k in order:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                updaters[k].update()
+            if r >= args.warmup:
+                times[k].append((time.perf_counter() - t0) / args.steps * 1e6)
+    print(f"# {args.model}, {args.rounds} rounds of {args.steps} steps, interleaved")
+    for k, v in times.items():
+        ratio = statistics.median(a / b for a, b in zip(v, times["no_array"]))
+        print(f"{k:<10} {statistics.median(v):8.1f} us   {ratio:.4f} x no_array")
+
+
+if __name__ == "__main__":
+    main()
