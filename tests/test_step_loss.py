@@ -10,7 +10,7 @@ import pytest
 import nnabla as nn
 import nnabla.functions as F
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, StepResult
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
 from nnabla_mpt.step_loss import StepLosses
 from support import Net
 
@@ -153,16 +153,3 @@ def test_arrays_of_results_nobody_holds_are_written_again_and_kept_ones_are_not(
     twin.feed(5)
     twin.loss.forward()
     assert kept.loss == pytest.approx((first + float(twin.loss.d)) / 2, rel=1e-6)
-
-
-def test_the_updaters_result_equals_one_built_by_its_constructor():
-    net = Net("float")
-    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=8.0)
-    result = updater.update()
-    built = StepResult(result.step, result.skipped, result.scale, result.next_scale,
-                       result.attempts, result.precision, result.gradient_stats,
-                       result.bad_batch)
-    assert result == built and repr(result) == repr(built)
-    assert dataclasses.asdict(result).keys() == dataclasses.asdict(built).keys()
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        result.scale = 1.0
