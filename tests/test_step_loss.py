@@ -43,6 +43,19 @@ def test_a_non_finite_loss_is_the_step_loss():
     assert second.skipped
 
 
+def _twin_losses(twin, steps, accum_grad):
+    """Each micro-batch's loss of the first ``steps`` steps, by step, as ``twin`` (the same
+    model, unchanged by training at lr=0) computes them on the same batches."""
+    losses = []
+    for step in range(steps):
+        losses.append([])
+        for micro in range(accum_grad):
+            twin.feed(step * accum_grad + micro)
+            twin.loss.forward()
+            losses[-1].append(float(twin.loss.d))
+    return losses
+
+
 @pytest.mark.parametrize("accum_grad", [1, 2])
 def test_each_result_keeps_its_own_loss_after_later_steps(accum_grad):
     """Results are read after later steps ran: each keeps its own step's losses."""
@@ -50,18 +63,12 @@ def test_each_result_keeps_its_own_loss_after_later_steps(accum_grad):
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
                                         scale=8.0, accum_grad=accum_grad)
     results = [updater.update() for _ in range(4)]
-    expected = []
-    for step in range(4):
-        values = []
-        for micro in range(accum_grad):
-            twin.feed(step * accum_grad + micro)
-            twin.loss.forward()
-            values.append(float(twin.loss.d))
-        expected.append(np.mean(values))
+    losses = _twin_losses(twin, 4, accum_grad)
+    expected = [np.mean(step) for step in losses]
     assert len(set(expected)) == 4                  # the batches give different losses
     assert [r.loss for r in results] == pytest.approx(expected, rel=1e-6)
     # loss.d still shows the last micro-batch's loss, as nnabla users read it
-    assert float(net.loss.d) == pytest.approx(values[-1], rel=1e-6)
+    assert float(net.loss.d) == pytest.approx(losses[-1][-1], rel=1e-6)
 
 
 def test_a_skipped_step_reads_its_loss_before_anything_runs_the_graph_again():
@@ -97,16 +104,9 @@ def test_a_loss_computed_in_place_is_read_after_each_forward_pass(accum_grad):
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), loss, net.feeder,
                                         scale=8.0, accum_grad=accum_grad)
     results = [updater.update() for _ in range(3)]
-    expected = []
-    for step in range(3):
-        values = []
-        for micro in range(accum_grad):
-            twin.feed(step * accum_grad + micro)
-            twin.loss.forward()
-            values.append(float(twin.loss.d))
-        expected.append(np.mean(values))
-    assert [r.loss for r in results] == pytest.approx(expected, rel=1e-6)
-    assert float(loss.d[0]) == pytest.approx(values[-1], rel=1e-6)    # loss.d as before
+    losses = _twin_losses(twin, 3, accum_grad)
+    assert [r.loss for r in results] == pytest.approx([np.mean(v) for v in losses], rel=1e-6)
+    assert float(loss.d[0]) == pytest.approx(losses[-1][-1], rel=1e-6)    # loss.d as before
 
 
 def test_reading_the_loss_leaves_its_array_in_its_dtype():
