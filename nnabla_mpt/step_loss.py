@@ -20,25 +20,21 @@ The step's last array stays the loss Variable's array until the next ``update()`
 forward pass of that Variable run outside ``update()`` in between writes into it. A
 skipped step reads its losses at once (the updater's diagnosis runs forward passes).
 """
-import ctypes
-import struct
 from typing import List, Optional, Union
 
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
 
-from ._hostarray import dtype_of
+from ._hostarray import dtype_of, host_view
 
 _HOST = get_extension_context("cpu", type_config="float")
 
 
 def scalar_value(array: "nn.NdArray") -> float:
-    """The first value of ``array`` as a float, read through its host pointer in the dtype
-    it holds (so that reading leaves it as it is): about 5 µs where ``float(variable.d)``
-    costs about 100 µs in nnabla 1.39."""
-    dtype = dtype_of(array)
-    pointer = array.data_ptr(dtype, _HOST, False)
-    return float(struct.unpack(dtype.char, ctypes.string_at(pointer, dtype.itemsize))[0])
+    """The first value of ``array`` as a float, read through a host view in the dtype it
+    holds (so that reading leaves it as it is): a few µs where ``float(variable.d)`` costs
+    about 100 µs in nnabla 1.39."""
+    return float(host_view(array, dtype_of(array), _HOST)[0])
 
 
 def computed_in_place(loss: "nn.Variable") -> bool:
