@@ -69,12 +69,10 @@ class CollapseWatch:
         # A streak is diagnosed once by its length, and reported (raise/warn) at most once.
         self._streak_diagnosed = self._streak_reported = False
 
-    def count(self, skipped: bool, bad_batch: bool) -> None:
-        """Counts a step: a good one ends the streak, an overflow extends it, a bad batch
-        is counted apart and leaves it as it is."""
-        if not skipped:
-            self.overflow_streak = 0
-            return
+    def count_skip(self, bad_batch: bool) -> None:
+        """Counts a skipped step: an overflow extends the streak, a bad batch is counted
+        apart and leaves it as it is (a good step ends the streak: the updater sets
+        ``overflow_streak`` to 0)."""
         if bad_batch:
             self.bad_batches += 1
             return

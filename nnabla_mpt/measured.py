@@ -106,7 +106,7 @@ class ScaleMeter:
         self._params = params
         self._policy = policy
         self._gather = gather
-        self._stats_every = stats_every
+        self.stats_every = stats_every
         self._ctx = graph.float_context(loss)
         self.calibration_pending = calibrate
 
@@ -124,19 +124,20 @@ class ScaleMeter:
 
     def statistics(self, index: int) -> Optional[Dict[str, GradientStats]]:
         """The gradient statistics of step ``index``, on every ``stats_every``-th step."""
-        if self._stats_every is None or (index + 1) % self._stats_every:
+        if self.stats_every is None or (index + 1) % self.stats_every:
             return None
         return gradient_stats(self._params, self._ctx)
 
     def calibrate(self, data_feeder: Optional[Callable[[], Any]],
-                  zero_grads: Callable[[], None]) -> float:
+                  forward: Callable[[], None], zero_grads: Callable[[], None]) -> float:
         """``scale="auto"``: feeds the first batch, runs its forward pass keeping the
-        buffers, and sets the policy's scale from watched probe backward passes on it
-        (with a communicator, the smallest start over the ranks); the gradients are zero
-        again on return, the forward pass's buffers kept for the step's own backward."""
+        buffers (``forward``), and sets the policy's scale from watched probe backward
+        passes on it (with a communicator, the smallest start over the ranks); the
+        gradients are zero again on return, the forward pass's buffers kept for the step's
+        own backward."""
         if data_feeder is not None:
             data_feeder()
-        self._loss.forward(clear_no_need_grad=False)
+        forward()
         lower, upper = self._policy.min_scale, self._policy.max_scale
         probe = min(1.0, upper)
         while True:

@@ -2,15 +2,16 @@
 
 nnabla writes a loss into the same array at every forward pass: after a step ``loss.d``
 holds only the last micro-batch's loss, and a value kept for later is overwritten by the
-next step. So before each forward pass of a step the updater gives the loss an array of
-its own (:meth:`LossRecorder.before_forward`), and the step's result keeps the arrays. A
-result that nobody holds any more gives its arrays back for later steps (the first forward
-pass into a new array costs an allocation, about 10 µs a step for a 1e4-parameter model).
-Reading a loss to the host costs 15-20 µs inside a training step on the CPU (and a
-synchronisation on a GPU), so the arrays are read only where a value is needed: when
-``StepResult.loss`` is asked for, on a skipped step (was a loss non-finite?), for the
-ranks' mean (it travels with the gradients' all-reduce) and for the precision schedule's
-loss trigger.
+next step. So for each forward pass of a step the loss gets an array of its own
+(:meth:`LossRecorder.forward`), and the step's result keeps the arrays. The arrays come
+from a ring of two steps' worth, so a step writes into arrays it has written before (the
+first forward pass into a new array costs an allocation, about 10 µs a step for a
+1e4-parameter model); an array that a result still holds goes with the result, and a new
+one takes its place in the ring. Reading a loss to the host costs 15-20 µs inside a
+training step on the CPU (and a synchronisation on a GPU), so the arrays are read only
+where a value is needed: when ``StepResult.loss`` is asked for, on a skipped step (was a
+loss non-finite?), for the ranks' mean (it travels with the gradients' all-reduce) and
+for the precision schedule's loss trigger.
 
 A loss computed in place (``F.reshape`` of the loss, by default) shares its input's array
 and a new array would never be written: such a loss is read right after each forward
@@ -20,7 +21,9 @@ The step's last array stays the loss Variable's array until the next ``update()`
 forward pass of that Variable run outside ``update()`` in between writes into it. A
 skipped step reads its losses at once (the updater's diagnosis runs forward passes).
 """
-from typing import List, Optional, Union
+import itertools
+import sys
+from typing import List, Union
 
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
@@ -43,24 +46,13 @@ def computed_in_place(loss: "nn.Variable") -> bool:
 
 
 class StepLosses:
-    """The losses of one step's micro-batches, in order: arrays of their own, or values
-    read at once (a loss computed in place).
+    """The losses of one step's micro-batches, in order (``values``): the arrays their
+    forward passes wrote, or values read at once (a loss computed in place)."""
+    __slots__ = ("values", "_total", "_mean")
 
-    Args:
-        spare: Where the arrays go when this object goes away (to be written again by a
-            later step), or None.
-    """
-    __slots__ = ("values", "spare", "_total", "_mean")
-
-    def __init__(self, spare: Optional[List["nn.NdArray"]] = None) -> None:
+    def __init__(self) -> None:
         self.values: List[Union["nn.NdArray", float]] = []
-        self.spare = spare
-        self._total: Optional[float] = None
-        self._mean: Optional[float] = None
-
-    def __del__(self) -> None:
-        if self.spare is not None:
-            self.spare.extend(self.values)
+        self._total = self._mean = None
 
     def total(self) -> float:
         """The sum of the micro-batches' losses (non-finite when one of them is); read once."""
@@ -91,33 +83,40 @@ def _known(mean: float) -> StepLosses:
     return losses
 
 
+#: ``sys.getrefcount`` of a ring's array that nothing else holds: the ring's list, the
+#: name it is read into and the call's own argument.
+_FREE = 3
+
+
 class LossRecorder:
-    """How the losses of one loss Variable are kept, step after step.
+    """Runs the forward passes of one loss Variable, keeping each loss in the step's
+    :class:`StepLosses`.
 
     Args:
         loss: The loss Variable.
+        accum_grad: Forward passes a step runs.
     """
 
-    def __init__(self, loss: "nn.Variable") -> None:
-        self._loss = loss
-        self._shape = loss.shape
+    def __init__(self, loss: "nn.Variable", accum_grad: int) -> None:
+        self.loss = loss
         self._in_place = computed_in_place(loss)
+        # two steps' worth: the last result holds its step's arrays while the next runs
+        self._ring = [nn.NdArray(loss.shape) for _ in range(2 * accum_grad)]
+        self._turns = itertools.cycle(range(len(self._ring)))
 
-    def before_forward(self, losses: StepLosses) -> None:
-        """Gives the loss an array of its own for the next forward pass to write into: a
-        spare one of ``losses`` if it has one of the loss's shape, else a new one."""
-        if not self._in_place:
-            spare = losses.spare
-            if spare and spare[-1].shape == self._shape:
-                array = spare.pop()
-            else:
-                array = nn.NdArray(self._shape)
-            self._loss.data = array
-            losses.values.append(array)
-
-    def after_forward(self, losses: StepLosses) -> None:
-        """Reads a loss computed in place (its array is its input's; ``losses`` then has
-        no arrays to give back)."""
+    def forward(self, losses: StepLosses, clear_no_need_grad: bool) -> None:
+        """Runs the loss's forward pass into the ring's next array, which ``losses`` keeps
+        (a new one where a result still holds the ring's); a loss computed in place is read
+        after the pass instead."""
+        loss = self.loss
         if self._in_place:
-            losses.values.append(scalar_value(self._loss.data))
-            losses.spare = None
+            loss.forward(clear_no_need_grad=clear_no_need_grad)
+            losses.values.append(scalar_value(loss.data))
+            return
+        turn = next(self._turns)
+        array = self._ring[turn]
+        if sys.getrefcount(array) > _FREE:       # held by a result: it stays with it
+            array = self._ring[turn] = nn.NdArray(loss.shape)
+        loss.data = array
+        losses.values.append(array)
+        loss.forward(clear_no_need_grad=clear_no_need_grad)

@@ -139,14 +139,19 @@ def test_arrays_of_results_nobody_holds_are_written_again_and_kept_ones_are_not(
     net, twin = Net("float", scope="net"), Net("float", scope="twin")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
                                         scale=8.0, accum_grad=2)
+    ring = updater._recorders[id(net.loss)]._ring
+    first = [id(a) for a in ring]      # ids: holding the arrays would keep them from reuse
     kept = None
     for step in range(6):
         result = updater.update()
         if step == 2:
             kept = result
-        # the arrays come back from the results dropped: no more than one step's worth
-        assert len(updater._spare_losses) <= 2
     del result
+    # two steps' worth of arrays, written again step after step; the two the kept result
+    # holds were replaced in the ring
+    assert len(ring) == 4
+    assert sum(id(a) == b for a, b in zip(ring, first)) == 2
+    assert not any(a is k for a in ring for k in kept._losses.values)
     twin.feed(4)
     twin.loss.forward()
     first = float(twin.loss.d)
