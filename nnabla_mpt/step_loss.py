@@ -100,8 +100,10 @@ class LossRecorder:
     def __init__(self, loss: "nn.Variable", accum_grad: int) -> None:
         self.loss = loss
         self._in_place = computed_in_place(loss)
-        # two steps' worth: the last result holds its step's arrays while the next runs
-        self._ring = [nn.NdArray(loss.shape) for _ in range(2 * accum_grad)]
+        # two steps' worth: the last result holds its step's arrays while the next runs;
+        # none for a loss computed in place, which is read instead
+        slots = 0 if self._in_place else 2 * accum_grad
+        self._ring = [nn.NdArray(loss.shape) for _ in range(slots)]
         self._turns = itertools.cycle(range(len(self._ring)))
 
     def forward(self, losses: StepLosses, clear_no_need_grad: bool) -> None:
