@@ -29,6 +29,7 @@ from .collapse import CollapseAttributes, CollapseWatch
 from .detector import BatchCheck, OverflowDetector, overflow_check
 from .gradient_stats import GradientStats
 from .measured import ScaleMeter
+from .seed import BackwardSeed
 from .step_loss import LossRecorder, StepLosses
 from .unscale import Unscaler
 from .watch import RangeWatch
@@ -36,7 +37,7 @@ from .watch import RangeWatch
 _UPDATER_STATE_VERSION = 2    # version 1 had no bad_batches
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StepResult:
     """What one call of ``update()`` did.
 
@@ -59,11 +60,20 @@ class StepResult:
     skipped: bool
     scale: float
     next_scale: float
-    attempts: int = 1
-    precision: str = "float"
-    gradient_stats: Optional[Dict[str, GradientStats]] = None
-    bad_batch: bool = False
-    _losses: Optional[StepLosses] = field(default=None, repr=False, compare=False)
+    attempts: int
+    precision: str
+    gradient_stats: Optional[Dict[str, GradientStats]]
+    bad_batch: bool
+    _losses: Optional[StepLosses] = field(repr=False, compare=False)
+
+    def __init__(self, step: int, skipped: bool, scale: float, next_scale: float,
+                 attempts: int = 1, precision: str = "float",
+                 gradient_stats: Optional[Dict[str, GradientStats]] = None,
+                 bad_batch: bool = False, _losses: Optional[StepLosses] = None) -> None:
+        # frozen: all set here, at once (a generated __init__ costs ~60 bytecodes a step)
+        vars(self).update(step=step, skipped=skipped, scale=scale, next_scale=next_scale,
+                          attempts=attempts, precision=precision,
+                          gradient_stats=gradient_stats, bad_batch=bad_batch, _losses=_losses)
 
     @property
     def updated(self) -> bool:
@@ -102,7 +112,8 @@ class _LossScalingUpdater(CollapseAttributes):
         self.schedule, self.high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
         graphs = [v for v in (self.loss, self.high_precision_loss) if v is not None]
-        self._recorders = {id(v): LossRecorder(v, values["accum_grad"]) for v in graphs}
+        self._passes = {id(v): (LossRecorder(v, values["accum_grad"]), BackwardSeed(v))
+                        for v in graphs}
         self.policy = policy = make_policy(graph.ceiling_of(self.loss))
         self.data_feeder = values["data_feeder"]
         self.clear_buffer = values["clear_buffer"]
@@ -219,7 +230,7 @@ class _LossScalingUpdater(CollapseAttributes):
         losses = StepLosses()
         fed = self._meter.calibration_pending    # scale="auto": the first step measures
         if fed:
-            recorder = self._recorders[id(self.loss)]
+            recorder, _ = self._passes[id(self.loss)]
             self._meter.calibrate(self.data_feeder, lambda: recorder.forward(losses, False),
                                   self._zero_grads)
         loss, scale, precision = self._graph_at(index)
@@ -276,7 +287,8 @@ class _LossScalingUpdater(CollapseAttributes):
         ``losses``, backward with ``scale``, watched by ``watch`` if given);
         ``fed``: the first micro-batch is fed and forwarded already. The last backward pass
         carries nnabla's all-reduce callback where the gradients are reduced inside it."""
-        recorder = self._recorders[id(loss)]
+        recorder, seeds = self._passes[id(loss)]
+        seed = seeds.at(scale)
         clear = self.clear_buffer
         reduce = None if self._in_backward is None else self._in_backward()
         last = self.accum_grad - 1
@@ -288,7 +300,7 @@ class _LossScalingUpdater(CollapseAttributes):
                 recorder.forward(losses, clear)
             callbacks = reduce if i == last else None
             if watch is None:
-                loss.backward(scale, clear_buffer=clear, communicator_callbacks=callbacks)
+                loss.backward(seed, clear_buffer=clear, communicator_callbacks=callbacks)
             else:
                 watch.run(loss, scale, clear, callbacks)
 

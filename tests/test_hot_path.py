@@ -191,6 +191,12 @@ def test_step_result_is_frozen_and_says_whether_it_updated():
     assert StepResult(step=0, skipped=False, scale=1.0, next_scale=1.0).updated is True
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.skipped = False
+    # a dataclass still: its constructor's defaults, replace, asdict, equality
+    assert (result.gradient_stats, result.bad_batch) == (None, False)
+    replaced = dataclasses.replace(result, skipped=False)
+    assert replaced.updated and replaced.attempts == 2 and replaced != result
+    assert dataclasses.replace(replaced, skipped=True) == result
+    assert dataclasses.asdict(result)["precision"] == "half"
 
 
 @pytest.mark.parametrize("numpy_min_size", [1, 1 << 10, 1 << 30])

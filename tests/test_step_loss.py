@@ -139,7 +139,7 @@ def test_arrays_of_results_nobody_holds_are_written_again_and_kept_ones_are_not(
     net, twin = Net("float", scope="net"), Net("float", scope="twin")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
                                         scale=8.0, accum_grad=2)
-    ring = updater._recorders[id(net.loss)]._ring
+    ring = updater._passes[id(net.loss)][0]._ring
     first = [id(a) for a in ring]      # ids: holding the arrays would keep them from reuse
     kept = None
     for step in range(6):
