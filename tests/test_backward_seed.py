@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-import nnabla as nn
 import nnabla.functions as F
 
 from nnabla_mpt import DynamicLossScalingUpdater
