@@ -25,7 +25,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -68,20 +67,13 @@ def main():
                         help="build number's model first (the run order stays)")
     args = parser.parse_args()
     updaters = contenders(overhead.MODELS[args.model], args.reverse_build)
-    times = {k: [] for k in updaters}
-    for r in range(args.warmup + args.rounds):
-        order = list(updaters) if r % 2 == 0 else list(reversed(list(updaters)))
-        for k in order:
-            t0 = time.process_time()
-            for _ in range(args.steps):
-                updaters[k].update()
-            if r >= args.warmup:
-                times[k].append((time.process_time() - t0) / args.steps * 1e6)
+    times = overhead.interleaved({k: u.update for k, u in updaters.items()}, args.steps,
+                                 args.rounds, args.warmup)
     print(f"# {args.model}, {args.rounds} rounds of {args.steps} steps, interleaved, cpu "
           f"clock, built {'number, array' if args.reverse_build else 'array, number'}")
     for k, v in times.items():
         ratio = statistics.median(a / b for a, b in zip(v, times["number"]))
-        print(f"{k:<8} {statistics.median(v):8.1f} us   {ratio:.4f} x number")
+        print(f"{k:<8} {statistics.median(v) * 1e6:8.1f} us   {ratio:.4f} x number")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -55,19 +54,13 @@ def main():
     parser.add_argument("--model", choices=list(overhead.MODELS), default="mlp-1e4")
     args = parser.parse_args()
     updaters = contenders(overhead.MODELS[args.model])
-    times = {k: [] for k in updaters}
-    for r in range(args.warmup + args.rounds):
-        order = list(updaters) if r % 2 == 0 else list(reversed(list(updaters)))
-        for k in order:
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                updaters[k].update()
-            if r >= args.warmup:
-                times[k].append((time.perf_counter() - t0) / args.steps * 1e6)
+    overhead.clock = overhead.CLOCKS["wall"]
+    times = overhead.interleaved({k: u.update for k, u in updaters.items()}, args.steps,
+                                 args.rounds, args.warmup)
     print(f"# {args.model}, {args.rounds} rounds of {args.steps} steps, interleaved")
     for k, v in times.items():
         ratio = statistics.median(a / b for a, b in zip(v, times["no_array"]))
-        print(f"{k:<10} {statistics.median(v):8.1f} us   {ratio:.4f} x no_array")
+        print(f"{k:<10} {statistics.median(v) * 1e6:8.1f} us   {ratio:.4f} x no_array")
 
 
 if __name__ == "__main__":

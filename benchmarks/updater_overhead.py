@@ -160,21 +160,28 @@ def time_block(fn, n):
     return (clock() - start) / n
 
 
-def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_build=False):
-    nn.clear_parameters()
-    runs, n_params, n_arrays = contenders(spec, seed, with_clip, reverse_build)
+def interleaved(runs, n, rounds, warmup):
+    """Times ``runs`` (name -> step function) in turns of ``n`` steps each: in their order,
+    then in the reverse order in the next round, so that no contender always follows the
+    same one; ``warmup`` untimed rounds first. Returns name -> [seconds per step, one per
+    timed round] (by ``clock``)."""
     names = list(runs)
-    # Steps per block: about block_ms of work, from a short probe.
-    probe = min(time_block(runs["hand"], 3) for _ in range(3))
-    n = max(1, int(block_ms / 1e3 / probe))
     times = {k: [] for k in names}
     for r in range(warmup + rounds):
-        # hand, ours, nnabla, ..., then the reverse order in the next round, so that no
-        # contender always follows the same one
         for k in (names if r % 2 == 0 else names[::-1]):
             t = time_block(runs[k], n)
             if r >= warmup:
                 times[k].append(t)
+    return times
+
+
+def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_build=False):
+    nn.clear_parameters()
+    runs, n_params, n_arrays = contenders(spec, seed, with_clip, reverse_build)
+    # Steps per block: about block_ms of work, from a short probe.
+    probe = min(time_block(runs["hand"], 3) for _ in range(3))
+    n = max(1, int(block_ms / 1e3 / probe))
+    times = interleaved(runs, n, rounds, warmup)
     ratio_hand = statistics.median(o / h for o, h in zip(times["ours"], times["hand"]))
     ratio_nnabla = statistics.median(o / c for o, c in zip(times["ours"], times["nnabla"]))
     med = {k: statistics.median(v) for k, v in times.items()}
