@@ -39,7 +39,7 @@ def contenders(spec):
     as_is, no_array = updater("as_is"), updater("no_array")
     recorder, _ = no_array._passes[id(no_array.loss)]
 
-    def bare_forward(losses, clear_no_need_grad):
+    def bare_forward(losses, micro_batch, clear_no_need_grad):
         no_array.loss.forward(clear_no_need_grad=clear_no_need_grad)
 
     recorder.forward = bare_forward

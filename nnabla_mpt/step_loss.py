@@ -3,11 +3,11 @@
 nnabla writes a loss into the same array at every forward pass: after a step ``loss.d``
 holds only the last micro-batch's loss, and a value kept for later is overwritten by the
 next step. So for each forward pass of a step the loss gets an array of its own
-(:meth:`LossRecorder.forward`), and the step's result keeps the arrays. The arrays come
-from a ring of two steps' worth, so a step writes into arrays it has written before (the
-first forward pass into a new array costs an allocation, about 10 µs a step for a
-1e4-parameter model); an array that a result still holds goes with the result, and a new
-one takes its place in the ring. Reading a loss to the host costs 15-20 µs inside a
+(:meth:`LossRecorder.forward`), and the step's result keeps the arrays. A step's
+:class:`StepLosses` come from a ring of two steps' worth (:meth:`LossRecorder.start`), so
+a step writes into arrays it has written before (the first forward pass into a new array
+costs an allocation, about 10 µs a step for a 1e4-parameter model); losses that a result
+still holds go with the result, and new ones take their place in the ring. Reading a loss to the host costs 15-20 µs inside a
 training step on the CPU (and a synchronisation on a GPU), so the arrays are read only
 where a value is needed: when ``StepResult.loss`` is asked for, on a skipped step (was a
 loss non-finite?), for the ranks' mean (it travels with the gradients' all-reduce) and
@@ -21,8 +21,8 @@ The step's last array stays the loss Variable's array until the next ``update()`
 forward pass of that Variable run outside ``update()`` in between writes into it. A
 skipped step reads its losses at once (the updater's diagnosis runs forward passes).
 """
-import itertools
-import sys
+import math
+from sys import getrefcount
 from typing import List, Union
 
 import nnabla as nn
@@ -47,11 +47,15 @@ def computed_in_place(loss: "nn.Variable") -> bool:
 
 class StepLosses:
     """The losses of one step's micro-batches, in order (``values``): the arrays their
-    forward passes wrote, or values read at once (a loss computed in place)."""
+    forward passes write, or values read at once (a loss computed in place).
+
+    Args:
+        values: One entry per micro-batch.
+    """
     __slots__ = ("values", "_total", "_mean")
 
-    def __init__(self) -> None:
-        self.values: List[Union["nn.NdArray", float]] = []
+    def __init__(self, values: List[Union["nn.NdArray", float]]) -> None:
+        self.values = values
         self._total = self._mean = None
 
     def total(self) -> float:
@@ -71,6 +75,10 @@ class StepLosses:
             self._mean = self.total() / len(self.values)
         return self._mean
 
+    def forget(self) -> None:
+        """Forgets the values read, for a new step writing the same arrays."""
+        self._total = self._mean = None
+
     def __reduce__(self):
         """Copies and pickles (``copy.deepcopy``, ``dataclasses.asdict`` of a result) hold
         the value, not nnabla's arrays."""
@@ -78,13 +86,13 @@ class StepLosses:
 
 
 def _known(mean: float) -> StepLosses:
-    losses = StepLosses()
+    losses = StepLosses([])
     losses.set_mean(mean)
     return losses
 
 
-#: ``sys.getrefcount`` of a ring's array that nothing else holds: the ring's list, the
-#: name it is read into and the call's own argument.
+#: ``sys.getrefcount`` of a ring's :class:`StepLosses` that nothing else holds: the ring's
+#: list, the name it is read into and the call's own argument.
 _FREE = 3
 
 
@@ -100,25 +108,36 @@ class LossRecorder:
     def __init__(self, loss: "nn.Variable", accum_grad: int) -> None:
         self.loss = loss
         self._in_place = computed_in_place(loss)
-        # two steps' worth: the last result holds its step's arrays while the next runs;
-        # none for a loss computed in place, which is read instead
-        slots = 0 if self._in_place else 2 * accum_grad
-        self._ring = [nn.NdArray(loss.shape) for _ in range(slots)]
-        self._turns = itertools.cycle(range(len(self._ring)))
+        self._accum_grad = accum_grad
+        # two steps' worth: the last result holds its step's losses while the next runs
+        self._ring = [self._new_losses(), self._new_losses()]
+        self._turn = 0
 
-    def forward(self, losses: StepLosses, clear_no_need_grad: bool) -> None:
-        """Runs the loss's forward pass into the ring's next array, which ``losses`` keeps
-        (a new one where a result still holds the ring's); a loss computed in place is read
-        after the pass instead."""
+    def _new_losses(self) -> StepLosses:
+        """A step's losses: an array for each micro-batch, or places for the values read
+        (a loss computed in place)."""
+        if self._in_place:
+            return StepLosses([math.nan] * self._accum_grad)
+        return StepLosses([nn.NdArray(self.loss.shape) for _ in range(self._accum_grad)])
+
+    def start(self) -> StepLosses:
+        """The losses of a new step: the ring's next ones, written again, or new ones where
+        a result still holds them (they stay with it)."""
+        self._turn = 1 - self._turn
+        losses = self._ring[self._turn]
+        if getrefcount(losses) > _FREE:
+            losses = self._ring[self._turn] = self._new_losses()
+        else:
+            losses.forget()
+        return losses
+
+    def forward(self, losses: StepLosses, micro_batch: int, clear_no_need_grad: bool) -> None:
+        """Runs the loss's forward pass into the array of ``micro_batch`` in ``losses`` (as
+        :meth:`start` gave them); a loss computed in place is read after the pass instead."""
         loss = self.loss
         if self._in_place:
             loss.forward(clear_no_need_grad=clear_no_need_grad)
-            losses.values.append(scalar_value(loss.data))
+            losses.values[micro_batch] = scalar_value(loss.data)
             return
-        turn = next(self._turns)
-        array = self._ring[turn]
-        if sys.getrefcount(array) > _FREE:       # held by a result: it stays with it
-            array = self._ring[turn] = nn.NdArray(loss.shape)
-        loss.data = array
-        losses.values.append(array)
+        loss.data = losses.values[micro_batch]
         loss.forward(clear_no_need_grad=clear_no_need_grad)

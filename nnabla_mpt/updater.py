@@ -149,9 +149,8 @@ class _LossScalingUpdater(CollapseAttributes):
         self.updates = 0
         self.skipped_steps = 0
         self.last_result: Optional[StepResult] = None
-        # One update() at a time: a caller takes the token, and a second one finds none.
-        # list.pop() is atomic (one call under the GIL); a threading.Lock costs about 3 µs
-        # more per step inside a training loop.
+        # One update() at a time: a caller takes the token (list.pop() is atomic under the
+        # GIL), and a second one finds none.
         self._idle = [True]
 
     # -- the scale and what the step runs -----------------------------------------------
@@ -227,17 +226,18 @@ class _LossScalingUpdater(CollapseAttributes):
 
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
-        losses = StepLosses()
-        fed = self._meter.calibration_pending    # scale="auto": the first step measures
-        if fed:
-            recorder, _ = self._passes[id(self.loss)]
-            self._meter.calibrate(self.data_feeder, lambda: recorder.forward(losses, False),
-                                  self._zero_grads)
-        loss, scale, precision = self._graph_at(index)
+        loss, precision = self._graph_at(index)
+        recorder, seeds = self._passes[id(loss)]
+        losses = recorder.start()
         scaled = precision != "float" or self.schedule is None
+        fed = scaled and self._meter.calibration_pending   # scale="auto": measure first
+        if fed:
+            self._meter.calibrate(self.data_feeder, lambda: recorder.forward(losses, 0, False),
+                                  self._zero_grads)
+        scale = self.policy.get_loss_scale() if scaled else 1.0
         watch = self._meter.growth_watch() if scaled else None
         watch_loss = self.schedule is not None and self.schedule.needs_loss
-        self._forward_backward(loss, scale, losses, watch, fed)
+        self._forward_backward(recorder, seeds.at(scale), scale, losses, watch, fed)
         # as the backward produced them
         stats = self._meter.statistics(index) if self._meter.stats_every else None
         skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses)
@@ -270,25 +270,25 @@ class _LossScalingUpdater(CollapseAttributes):
         return result
 
     def _graph_at(self, index: int):
-        """``(loss, scale, precision)`` of step ``index``: the reduced-precision graph with
-        the policy's scale, or after a precision switch the full-precision one at scale 1
-        (the overflow check stays)."""
+        """``(loss, precision)`` of step ``index``: the reduced-precision graph, or after a
+        precision switch the full-precision one (run at scale 1, checked for overflow)."""
         schedule = self.schedule
         if schedule is None or schedule.reduced(index):
-            return self.loss, self.policy.get_loss_scale(), self._precision
+            return self.loss, self._precision
         if index == schedule.switch_step:
             logger.info(f"nnabla_mpt: precision schedule {schedule.mode.text!r}: "
                         f"{schedule.describe_switch()}")
-        return self.high_precision_loss, 1.0, "float"
+        return self.high_precision_loss, "float"
 
-    def _forward_backward(self, loss: "nn.Variable", scale: float, losses: StepLosses,
-                          watch: Optional[RangeWatch] = None, fed: bool = False) -> None:
-        """Zeroes the gradients, then ``accum_grad`` × (feed, forward with the loss kept in
-        ``losses``, backward with ``scale``, watched by ``watch`` if given);
-        ``fed``: the first micro-batch is fed and forwarded already. The last backward pass
-        carries nnabla's all-reduce callback where the gradients are reduced inside it."""
-        recorder, seeds = self._passes[id(loss)]
-        seed = seeds.at(scale)
+    def _forward_backward(self, recorder: LossRecorder, seed: "nn.NdArray", scale: float,
+                          losses: StepLosses, watch: Optional[RangeWatch] = None,
+                          fed: bool = False) -> None:
+        """Zeroes the gradients, then ``accum_grad`` × (feed, forward of the recorder's
+        loss kept in ``losses``, backward seeded with ``seed``, the array of ``scale``,
+        watched by ``watch`` if given); ``fed``: the first micro-batch is fed and forwarded
+        already. The last backward pass carries nnabla's all-reduce callback where the
+        gradients are reduced inside it."""
+        loss = recorder.loss
         clear = self.clear_buffer
         reduce = None if self._in_backward is None else self._in_backward()
         last = self.accum_grad - 1
@@ -297,7 +297,7 @@ class _LossScalingUpdater(CollapseAttributes):
             if i or not fed:
                 if self.data_feeder is not None:
                     self.data_feeder()
-                recorder.forward(losses, clear)
+                recorder.forward(losses, i, clear)
             callbacks = reduce if i == last else None
             if watch is None:
                 loss.backward(seed, clear_buffer=clear, communicator_callbacks=callbacks)

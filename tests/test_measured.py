@@ -147,6 +147,62 @@ def test_auto_measures_again_after_a_bad_first_batch(info_log):
     assert len(lines) == 2 and f"starts at {start:g}:" in lines[1]
 
 
+def _half_and_float_losses(x, t, scope):
+    """The same two-layer model as a float16 and a float32 graph, sharing parameters."""
+    from support import context
+    import nnabla.parametric_functions as PF
+    losses = {}
+    for kind in ("half", "float"):
+        with nn.context_scope(context(kind)), nn.parameter_scope(scope):
+            h = F.relu(PF.affine(x, 8, name="h"))
+            losses[kind] = F.mean(F.squared_error(PF.affine(h, 1, name="o"), t))
+    return losses
+
+
+def test_a_calibration_still_due_at_the_precision_switch_is_dropped(info_log):
+    # scale="auto" whose first batch is bad (the calibration stays due) and a schedule that
+    # switches to full precision at step 1: step 1 has no loss scale to measure. It runs
+    # the float32 graph on its own batch (forward and backward) at scale 1, as a hand step.
+    import nnabla.solvers as S
+    x, t = nn.Variable((4, 3)), nn.Variable((4, 1))
+    losses = _half_and_float_losses(x, t, "net")
+    twin = _half_and_float_losses(x, t, "twin")["float"]
+    with nn.parameter_scope("net"):
+        params = nn.get_parameters()
+    with nn.parameter_scope("twin"):
+        twin_params = nn.get_parameters()
+    for name, v in twin_params.items():
+        v.d = params[name].d
+    rng = np.random.RandomState(0)
+    batches = [(rng.randn(4, 3), rng.randn(4, 1)) for _ in range(2)]
+    batches[0][0][0, 0] = np.nan
+
+    def feed():
+        x.d, t.d = batches[updater.steps]
+
+    solver = S.Sgd(0.1)
+    solver.set_parameters(params)
+    updater = DynamicLossScalingUpdater(solver, losses["half"], feed, scale="auto", N=1000,
+                                        accelerate_train_mode="fast|step|0.2", total_steps=5,
+                                        high_precision_loss=losses["float"])
+    first, second = updater.update(), updater.update()
+    assert (first.skipped, first.bad_batch, first.precision) == (True, True, "half")
+    assert (second.updated, second.precision, second.scale) == (True, "float", 1.0)
+
+    twin_solver = S.Sgd(0.1)
+    twin_solver.set_parameters(twin_params)
+    x.d, t.d = batches[1]
+    twin_solver.zero_grad()
+    twin.forward()
+    twin.backward(1.0)
+    twin_solver.update()
+    assert second.loss == float(twin.d)
+    assert_bitwise_equal({k: v.d.copy() for k, v in params.items()},
+                         {k: v.d.copy() for k, v in twin_params.items()})
+    # step 0 measured (its bad batch); step 1 did not
+    assert len([m for m in messages(info_log) if "scale='auto' starts" in m]) == 1
+
+
 def test_a_resumed_run_does_not_calibrate_again(tmp_path, info_log):
     net = Net("half", hidden=8)
     solver = net.solver("Adam", alpha=1e-2)

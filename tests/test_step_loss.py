@@ -118,11 +118,10 @@ def test_reading_the_loss_leaves_its_array_in_its_dtype():
 
 
 def test_losses_of_both_signs_of_infinity_sum_to_nan():
-    losses = StepLosses()
-    for value in (np.inf, -np.inf):
-        array = nn.NdArray((1,))
+    arrays = [nn.NdArray((1,)), nn.NdArray((1,))]
+    for array, value in zip(arrays, (np.inf, -np.inf)):
         array.data = np.array([value], dtype=np.float32)
-        losses.values.append(array)
+    losses = StepLosses(arrays)
     assert math.isnan(losses.total()) and math.isnan(losses.mean())
 
 
@@ -140,21 +139,25 @@ def test_arrays_of_results_nobody_holds_are_written_again_and_kept_ones_are_not(
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
                                         scale=8.0, accum_grad=2)
     ring = updater._passes[id(net.loss)][0]._ring
-    first = [id(a) for a in ring]      # ids: holding the arrays would keep them from reuse
+    # ids: holding the objects would keep them from reuse
+    first = [id(losses) for losses in ring]
+    first_arrays = [id(a) for losses in ring for a in losses.values]
+    expected = [np.mean(v) for v in _twin_losses(twin, 6, 2)]
     kept = None
     for step in range(6):
         result = updater.update()
+        # read at once: a step writing the ring's losses again forgets the last read
+        assert result.loss == pytest.approx(expected[step], rel=1e-6), f"step {step}"
         if step == 2:
             kept = result
     del result
-    # two steps' worth of arrays, written again step after step; the two the kept result
-    # holds were replaced in the ring
-    assert len(ring) == 4
-    assert sum(id(a) == b for a, b in zip(ring, first)) == 2
-    assert not any(a is k for a in ring for k in kept._losses.values)
-    twin.feed(4)
-    twin.loss.forward()
-    first = float(twin.loss.d)
-    twin.feed(5)
-    twin.loss.forward()
-    assert kept.loss == pytest.approx((first + float(twin.loss.d)) / 2, rel=1e-6)
+    # two steps' losses, written again step after step; the ones the kept result holds
+    # (step 2's) were replaced in the ring, and step 4 wrote new ones
+    assert len(ring) == 2
+    assert [id(losses) == i for losses, i in zip(ring, first)] == [True, False]
+    assert [id(a) for a in ring[0].values] == first_arrays[:2]
+    assert kept._losses not in ring and id(kept._losses) == first[1]
+    assert not any(a is k for losses in ring for a in losses.values
+                   for k in kept._losses.values)
+    kept._losses.forget()                   # read its arrays again
+    assert kept.loss == pytest.approx(expected[2], rel=1e-6)
