@@ -21,13 +21,25 @@ revision ``REV`` (extracted into a temporary folder and imported as ``nnabla_mpt
 a change to the step loop is measured against the code before it in the same run, and the
 table adds the ratios ours/before and before/nnabla.
 
+With ``--control`` another contender, ``again``, is a second copy of ours (the same code on
+its own copy of the model): the ratio ours/again, which would be exactly 1 if only the code
+decided the step time, shows the resolution of the run itself (where a model's memory
+lies, which contender runs after which). A ratio ours/before is told from 1 only where it
+lies outside the spread of ours/again over the same runs.
+
+With ``--layouts K`` the models are built K times, the first in the run order and the
+others in orders shuffled by their number, and the rounds are split among the K builds:
+the medians then hold for several placements in memory, not for one.
+
 Usage:
     .venv/bin/python benchmarks/updater_overhead.py [--rounds 60] [--with-clip] [--before REV]
+        [--control] [--layouts K]
 """
 import argparse
 import io
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -129,20 +141,26 @@ def _updater(cls, scope, **options):
     return make
 
 
-def contenders(spec, seed, with_clip=False, reverse_build=False):
-    """The contenders' step functions, in the order they run; built in that order, or in
-    the reverse one (``reverse_build``: a model built earlier can run at a different speed
-    for where its memory lies)."""
+def contenders(spec, seed, with_clip=False, control=False, layout=0, reverse_build=False):
+    """The contenders' step functions, in the order they run. A model built earlier can run
+    at a different speed for where its memory lies, so the build order is a parameter:
+    layout 0 builds in the run order (the reverse one with ``reverse_build``), any other
+    layout in an order shuffled by its number."""
     makers = [("hand", _hand), ("ours", _updater(DynamicLossScalingUpdater, "ours"))]
     if BeforeUpdater is not None:
         makers.append(("before", _updater(BeforeUpdater, "before")))
     makers.append(("nnabla", _updater(NnablaUpdater, "nnabla")))
+    if control:
+        makers.append(("again", _updater(DynamicLossScalingUpdater, "again")))
     if with_clip:
         # The norm is computed every step; the bound is never reached.
         makers.append(("ours+clip", _updater(DynamicLossScalingUpdater, "clip",
                                              clip_grad_norm=1e30)))
+    order = makers[::-1] if reverse_build else list(makers)
+    if layout:
+        random.Random(layout).shuffle(order)
     built = {}
-    for name, make in (makers[::-1] if reverse_build else makers):
+    for name, make in order:
         built[name] = make(spec, seed)
     params = built["hand"][1]
     runs = {name: built[name][0] for name, _ in makers}
@@ -175,13 +193,21 @@ def interleaved(runs, n, rounds, warmup):
     return times
 
 
-def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_build=False):
-    nn.clear_parameters()
-    runs, n_params, n_arrays = contenders(spec, seed, with_clip, reverse_build)
-    # Steps per block: about block_ms of work, from a short probe.
-    probe = min(time_block(runs["hand"], 3) for _ in range(3))
-    n = max(1, int(block_ms / 1e3 / probe))
-    times = interleaved(runs, n, rounds, warmup)
+def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_build=False,
+            control=False, layouts=1):
+    """Times the contenders on ``spec``: ``rounds`` split evenly over ``layouts`` builds
+    of the models (see :func:`contenders`), each with ``warmup`` untimed rounds first."""
+    times, n = {}, None
+    for layout in range(layouts):
+        nn.clear_parameters()
+        runs, n_params, n_arrays = contenders(spec, seed, with_clip, control, layout,
+                                              reverse_build)
+        if n is None:   # steps per block: about block_ms of work, from a short probe
+            probe = min(time_block(runs["hand"], 3) for _ in range(3))
+            n = max(1, int(block_ms / 1e3 / probe))
+        part = interleaved(runs, n, max(1, rounds // layouts), warmup)
+        for name, seconds in part.items():
+            times.setdefault(name, []).extend(seconds)
     ratio_hand = statistics.median(o / h for o, h in zip(times["ours"], times["hand"]))
     ratio_nnabla = statistics.median(o / c for o, c in zip(times["ours"], times["nnabla"]))
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -192,7 +218,10 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_bui
         ratio_before = (statistics.median(o / b for o, b in zip(times["ours"], times["before"])),
                         statistics.median(b / c for b, c in zip(times["before"],
                                                                 times["nnabla"])))
-    return n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip, ratio_before
+    ratio_again = (statistics.median(o / a for o, a in zip(times["ours"], times["again"]))
+                   if control else None)
+    return (n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip, ratio_before,
+            ratio_again)
 
 
 def main(argv=None):
@@ -213,16 +242,27 @@ def main(argv=None):
     parser.add_argument("--reverse-build", action="store_true",
                         help="build the contenders' models in the reverse order (the run "
                              "order stays): shows the bias of the order they are built in")
+    parser.add_argument("--layouts", type=int, default=1,
+                        help="build the models this many times, in shuffled orders after "
+                             "the first, and split the rounds among the builds (default 1)")
+    parser.add_argument("--control", action="store_true",
+                        help="add a contender: a second copy of ours; the ratio ours/again "
+                             "shows the resolution of the run")
     args = parser.parse_args(argv)
+    if not 1 <= args.layouts <= args.rounds:
+        parser.error(f"--layouts must lie in [1, --rounds] = [1, {args.rounds}], "
+                     f"got {args.layouts}")
     global clock, BeforeUpdater
     clock = CLOCKS[args.clock]
     if args.before:
         BeforeUpdater = import_before(args.before)
     logger.setLevel("WARNING")
 
-    print(f"# updater step time, float, batch {BATCH}, Momentum; {args.rounds} rounds "
-          f"(+{args.warmup} warm-up) of interleaved blocks hand/ours/nnabla"
-          f"{'/before' if args.before else ''}{'/ours+clip' if args.with_clip else ''}, "
+    layouts = f" over {args.layouts} builds" if args.layouts > 1 else ""
+    print(f"# updater step time, float, batch {BATCH}, Momentum; {args.rounds} rounds{layouts} "
+          f"(+{args.warmup} warm-up each) of interleaved blocks hand/ours/nnabla"
+          f"{'/before' if args.before else ''}{'/ours+clip' if args.with_clip else ''}"
+          f"{'/again' if args.control else ''}, "
           f"{args.clock} clock")
     print(f"# nnabla {nn.__version__}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs ({cpu_model()}), OMP_NUM_THREADS="
@@ -231,18 +271,20 @@ def main(argv=None):
               f"{'ours ms':>8} {'nnabla ms':>9} {'ours/hand':>9} {'ours/nnabla':>11}"
               + (f" {'clip ms':>8} {'clip/ours':>9}" if args.with_clip else "")
               + (f" {'before ms':>9} {'ours/before':>11} {'before/nnabla':>13}"
-                 if args.before else ""))
+                 if args.before else "")
+              + (f" {'ours/again':>10}" if args.control else ""))
     print(header)
     print("-" * len(header))
     for name in args.models:
-        n_params, n_arrays, n, med, rh, rn, rc, rb = measure(
+        n_params, n_arrays, n, med, rh, rn, rc, rb, ra = measure(
             MODELS[name], args.rounds, args.warmup, args.block_ms, with_clip=args.with_clip,
-            reverse_build=args.reverse_build)
+            reverse_build=args.reverse_build, control=args.control, layouts=args.layouts)
         print(f"{name:<12} {n_params:>9,} {n_arrays:>6} {n:>9} {med['hand'] * 1e3:>8.3f} "
               f"{med['ours'] * 1e3:>8.3f} {med['nnabla'] * 1e3:>9.3f} {rh:>9.3f} {rn:>11.3f}"
               + (f" {med['ours+clip'] * 1e3:>8.3f} {rc:>9.3f}" if args.with_clip else "")
               + (f" {med['before'] * 1e3:>9.3f} {rb[0]:>11.3f} {rb[1]:>13.3f}"
-                 if rb else ""),
+                 if rb else "")
+              + (f" {ra:>10.3f}" if ra is not None else ""),
               flush=True)
 
 
