@@ -7,11 +7,12 @@ next step. So for each forward pass of a step the loss gets an array of its own
 :class:`StepLosses` come from a ring of two steps' worth (:meth:`LossRecorder.start`), so
 a step writes into arrays it has written before (the first forward pass into a new array
 costs an allocation, about 10 µs a step for a 1e4-parameter model); losses that a result
-still holds go with the result, and new ones take their place in the ring. Reading a loss to the host costs 15-20 µs inside a
-training step on the CPU (and a synchronisation on a GPU), so the arrays are read only
-where a value is needed: when ``StepResult.loss`` is asked for, on a skipped step (was a
-loss non-finite?), for the ranks' mean (it travels with the gradients' all-reduce) and
-for the precision schedule's loss trigger.
+still holds go with the result, and new ones take their place in the ring. Reading a
+loss to the host costs 15-20 µs inside a training step on the CPU (and a synchronisation
+on a GPU), so the arrays are read only where a value is needed: when
+``StepResult.loss`` is asked for, on a skipped step (was a loss non-finite?), for the
+ranks' mean (it travels with the gradients' all-reduce) and for the precision
+schedule's loss trigger.
 
 A loss computed in place (``F.reshape`` of the loss, by default) shares its input's array
 and a new array would never be written: such a loss is read right after each forward
