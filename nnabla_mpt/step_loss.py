@@ -94,7 +94,7 @@ def _known(mean: float) -> StepLosses:
 
 #: ``sys.getrefcount`` of a ring's :class:`StepLosses` that nothing else holds: the ring's
 #: list, the name it is read into and the call's own argument.
-_FREE = 3
+_UNHELD_REFCOUNT = 3
 
 
 class LossRecorder:
@@ -126,7 +126,7 @@ class LossRecorder:
         a result still holds them (they stay with it)."""
         self._turn = 1 - self._turn
         losses = self._ring[self._turn]
-        if getrefcount(losses) > _FREE:
+        if getrefcount(losses) > _UNHELD_REFCOUNT:
             losses = self._ring[self._turn] = self._new_losses()
         else:
             losses.forget()

@@ -23,8 +23,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import nnabla as nn
 from nnabla.logger import logger
 
-from . import _validate as check
-from . import agreement, checkpoint, graph, options
+from . import agreement, checkpoint, graph, options, updater_state
 from .collapse import CollapseAttributes, CollapseWatch
 from .detector import BatchCheck, OverflowDetector, overflow_check
 from .gradient_stats import GradientStats
@@ -33,8 +32,6 @@ from .seed import BackwardSeed
 from .step_loss import LossRecorder, StepLosses
 from .unscale import Unscaler
 from .watch import RangeWatch
-
-_UPDATER_STATE_VERSION = 2    # version 1 had no bad_batches
 
 
 @dataclass(frozen=True, init=False)
@@ -312,48 +309,45 @@ class _LossScalingUpdater(CollapseAttributes):
         Parameters and solver states are not included: :meth:`save_checkpoint` writes all
         three together.
         """
-        return {"version": _UPDATER_STATE_VERSION, "updater": type(self).__name__,
+        return {"version": updater_state.VERSION, "updater": type(self).__name__,
                 "policy": self.policy.state_dict(),
                 "precision": None if self.schedule is None else self.schedule.state_dict(),
                 "steps": self.steps, "updates": self.updates,
                 "skipped_steps": self.skipped_steps,
                 "overflow_streak": self._collapse.overflow_streak,
                 "longest_overflow_streak": self._collapse.longest_overflow_streak,
-                "bad_batches": self._collapse.bad_batches}
+                "bad_batches": self._collapse.bad_batches,
+                "calibration_pending": self._meter.calibration_pending}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
         (``N``, ``max_scale``, ...) come from ``state``; one warning names each it changes.
         A version-1 state (saved before ``bad_batches`` was counted) loads with
-        ``bad_batches=0``.
+        ``bad_batches=0``; a state of version 1 or 2 (before ``calibration_pending``) with
+        ``scale="auto"`` still to measure only if it was saved before the first step.
 
         Raises:
             ValueError: keys are missing or unknown (the message lists them), the version
                 or the updater type differs, a value is out of range, or the counters
                 contradict each other (the message names them and their values).
         """
-        counters = self._check_state(state)
-        _warn_replaced_settings(self.policy, state["policy"])
+        checked = self._check_state(state)
+        updater_state.warn_replaced_settings(self.policy, state["policy"])
         self.policy.load_state_dict(state["policy"])
         if self.schedule is not None:
             self.schedule.load_state_dict(state["precision"])
         self.steps, self.updates, self.skipped_steps = (
-            counters["steps"], counters["updates"], counters["skipped_steps"])
-        # a run resumed after its first step keeps the scale it saved: no calibration
-        self._meter.calibration_pending = self._meter.calibration_pending and self.steps == 0
-        self._collapse.overflow_streak = counters["overflow_streak"]
-        self._collapse.longest_overflow_streak = counters["longest_overflow_streak"]
-        self._collapse.bad_batches = counters["bad_batches"]
+            checked["steps"], checked["updates"], checked["skipped_steps"])
+        self._meter.calibration_pending = checked["calibration_pending"]
+        self._collapse.overflow_streak = checked["overflow_streak"]
+        self._collapse.longest_overflow_streak = checked["longest_overflow_streak"]
+        self._collapse.bad_batches = checked["bad_batches"]
 
-    def _check_state(self, state: Mapping[str, Any]) -> Dict[str, int]:
-        """Checks ``state`` completely, without changing anything; returns the counters."""
-        state = _current(state)
-        check.exact_keys("state", state, _STATE_KEYS)
-        check.version("state", state, _UPDATER_STATE_VERSION)
-        if state["updater"] != type(self).__name__:
-            raise ValueError(f"state was saved by {state['updater']}, cannot load it into "
-                             f"{type(self).__name__}")
-        counters = _checked_counters(state)
+    def _check_state(self, state: Mapping[str, Any]) -> Dict[str, Any]:
+        """Checks ``state`` completely, without changing anything; returns the counters
+        and ``calibration_pending``."""
+        checked = updater_state.checked(state, type(self).__name__,
+                                        self._meter.calibration_pending)
         if (state["precision"] is None) != (self.schedule is None):
             mine = None if self.schedule is None else self.schedule.mode.text
             raise ValueError(f"state has precision schedule {state['precision']!r} but this "
@@ -361,7 +355,7 @@ class _LossScalingUpdater(CollapseAttributes):
         copy.copy(self.policy).load_state_dict(state["policy"])
         if self.schedule is not None:
             copy.copy(self.schedule).load_state_dict(state["precision"])
-        return counters
+        return checked
 
     def save_checkpoint(self, path: str) -> None:
         """Writes parameters, solver states and updater state to ``path`` atomically.
@@ -391,54 +385,6 @@ class _LossScalingUpdater(CollapseAttributes):
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)
-
-
-_COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
-             "longest_overflow_streak", "bad_batches")
-_STATE_KEYS = ("version", "updater", "policy", "precision") + _COUNTERS
-
-
-def _checked_counters(state: Mapping[str, Any]) -> Dict[str, int]:
-    """The updater's counters in ``state``, each an integer >= 0, consistent together."""
-    counters = {name: check.integer(f"state[{name!r}]", state[name], ge=0)
-                for name in _COUNTERS}
-    steps, updates, skipped, streak, longest, bad = (counters[name] for name in _COUNTERS)
-    wrong = [text for broken, text in (
-        (updates + skipped != steps,
-         f"updates={updates} + skipped_steps={skipped} != steps={steps}"),
-        (streak > longest, f"overflow_streak={streak} > longest_overflow_streak={longest}"),
-        (streak > skipped, f"overflow_streak={streak} > skipped_steps={skipped}"),
-        (longest > skipped, f"longest_overflow_streak={longest} > skipped_steps={skipped}"),
-        (bad > skipped, f"bad_batches={bad} > skipped_steps={skipped}"),
-    ) if broken]
-    if wrong:
-        raise ValueError(f"state's counters are inconsistent: {'; '.join(wrong)}")
-    return counters
-
-
-def _warn_replaced_settings(policy, state: Mapping[str, Any]) -> None:
-    """Logs one warning naming each setting of ``policy`` that loading ``state`` replaces,
-    by the name of the updater's option."""
-    replaced = policy.replaced_settings(state)
-    if replaced:
-        values = ", ".join(f"{options.OPTION_OF_SETTING.get(name, name)}={_shown(mine)} "
-                           f"with {_shown(saved)}" for name, (mine, saved) in replaced.items())
-        logger.warning(f"nnabla_mpt: the loaded state replaces the constructor's {values}")
-
-
-def _shown(value: Any) -> str:
-    """``value`` as an argument would be written: 32768 for 32768.0, 'probe' quoted."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return repr(value)
-
-
-def _current(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``state`` in the current version: a version-1 one (no ``bad_batches``) counted none."""
-    if not isinstance(state, Mapping) or state.get("version") != 1:
-        return state
-    check.exact_keys("state (version 1)", state, set(_STATE_KEYS) - {"bad_batches"})
-    return {**state, "version": _UPDATER_STATE_VERSION, "bad_batches": 0}
 
 
 def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: BatchCheck,

@@ -8,13 +8,16 @@ import pytest
 
 import nnabla as nn
 import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
 
 from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
                         LossScaleCollapseError)
 from nnabla_mpt.dtypes import FLOATS
 from nnabla_mpt.measured import MARGIN
 from nnabla_mpt.watch import NON_EXPANDING
-from support import Net, assert_bitwise_equal, assert_states_bitwise_equal, solver_states
+from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, context,
+                     solver_states)
 
 
 def room_by_numpy(loss, params, scale):
@@ -147,26 +150,21 @@ def test_auto_measures_again_after_a_bad_first_batch(info_log):
     assert len(lines) == 2 and f"starts at {start:g}:" in lines[1]
 
 
-def _half_and_float_losses(x, t, scope):
-    """The same two-layer model as a float16 and a float32 graph, sharing parameters."""
-    from support import context
-    import nnabla.parametric_functions as PF
-    losses = {}
-    for kind in ("half", "float"):
-        with nn.context_scope(context(kind)), nn.parameter_scope(scope):
-            h = F.relu(PF.affine(x, 8, name="h"))
-            losses[kind] = F.mean(F.squared_error(PF.affine(h, 1, name="o"), t))
-    return losses
+def _two_layer_loss(x, t, scope, kind):
+    """A two-layer model's loss, its graph in ``kind`` ("half" or "float"); graphs of one
+    ``scope`` share the parameters."""
+    with nn.context_scope(context(kind)), nn.parameter_scope(scope):
+        h = F.relu(PF.affine(x, 8, name="h"))
+        return F.mean(F.squared_error(PF.affine(h, 1, name="o"), t))
 
 
 def test_a_calibration_still_due_at_the_precision_switch_is_dropped(info_log):
     # scale="auto" whose first batch is bad (the calibration stays due) and a schedule that
     # switches to full precision at step 1: step 1 has no loss scale to measure. It runs
     # the float32 graph on its own batch (forward and backward) at scale 1, as a hand step.
-    import nnabla.solvers as S
     x, t = nn.Variable((4, 3)), nn.Variable((4, 1))
-    losses = _half_and_float_losses(x, t, "net")
-    twin = _half_and_float_losses(x, t, "twin")["float"]
+    losses = {kind: _two_layer_loss(x, t, "net", kind) for kind in ("half", "float")}
+    twin = _two_layer_loss(x, t, "twin", "float")
     with nn.parameter_scope("net"):
         params = nn.get_parameters()
     with nn.parameter_scope("twin"):
@@ -233,6 +231,42 @@ def test_a_resumed_run_does_not_calibrate_again(tmp_path, info_log):
         (r.step, r.skipped, r.scale, r.next_scale) for r in uninterrupted[3:]]
     assert_bitwise_equal(second.snapshot(), params)
     assert_states_bitwise_equal(solver_states(second_solver), states)
+
+
+def test_a_run_resumed_after_a_bad_first_batch_calibrates_as_the_uninterrupted_one(
+        tmp_path, info_log):
+    # The first batch is bad: the calibration is still due at step 1, in the run that goes
+    # on and in the one resumed from a checkpoint saved after step 0.
+    net = Net("half", hidden=8)
+    net.bad = {0}
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale="auto", N=1000)
+    uninterrupted = [updater.update() for _ in range(3)]
+    params, states = net.snapshot(), solver_states(solver)
+
+    first = Net("half", hidden=8, scope="first")
+    first.bad = {0}
+    a = DynamicLossScalingUpdater(first.solver("Adam", alpha=1e-2), first.loss, first.feeder,
+                                  scale="auto", N=1000)
+    a.update()
+    assert a.state_dict()["calibration_pending"] is True
+    a.save_checkpoint(str(tmp_path / "ckpt.npz"))
+    info_log.clear()
+
+    nn.clear_parameters()                                # as a new process would
+    second = Net("half", hidden=8, scope="first")
+    second.calls = 1
+    second_solver = second.solver("Adam", alpha=1e-2)
+    b = DynamicLossScalingUpdater(second_solver, second.loss, second.feeder, scale="auto",
+                                  N=1000)
+    b.load_checkpoint(str(tmp_path / "ckpt.npz"))
+    resumed = [b.update() for _ in range(2)]
+    assert len([m for m in messages(info_log) if "scale='auto' starts" in m]) == 1
+    assert [(r.step, r.skipped, r.scale, r.next_scale) for r in resumed] == [
+        (r.step, r.skipped, r.scale, r.next_scale) for r in uninterrupted[1:]]
+    assert_bitwise_equal(second.snapshot(), params)
+    assert_states_bitwise_equal(solver_states(second_solver), states)
+    assert b.state_dict()["calibration_pending"] is False
 
 
 # -- measured growth ------------------------------------------------------------------------

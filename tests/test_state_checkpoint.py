@@ -37,14 +37,14 @@ def _busy_dynamic(scope="net"):
 
 
 EXPECTED_STATE = {
-    "version": 2, "updater": "DynamicLossScalingUpdater",
+    "version": 3, "updater": "DynamicLossScalingUpdater",
     "policy": {"version": 2, "kind": "dynamic", "scale": 4.0, "good_steps": 0,
                "hysteresis_left": 0, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 3, "hysteresis": 2, "min_scale": 1.0,
                "max_scale": 2.0 ** 24, "growth_mode": "probe"},
     "precision": None,
     "steps": 8, "updates": 3, "skipped_steps": 5, "overflow_streak": 1,
-    "longest_overflow_streak": 4, "bad_batches": 0,
+    "longest_overflow_streak": 4, "bad_batches": 0, "calibration_pending": False,
 }
 
 
@@ -83,10 +83,11 @@ def test_fixed_updater_state_round_trip():
         updater.update()
     state = updater.state_dict()
     # the inf batches are bad batches: skipped and counted, no overflow streak
-    assert state == {"version": 2, "updater": "FixedLossScalingUpdater",
+    assert state == {"version": 3, "updater": "FixedLossScalingUpdater",
                      "policy": {"version": 1, "kind": "fixed", "scale": 32.0},
                      "precision": None, "steps": 4, "updates": 2, "skipped_steps": 2,
-                     "overflow_streak": 0, "longest_overflow_streak": 0, "bad_batches": 2}
+                     "overflow_streak": 0, "longest_overflow_streak": 0, "bad_batches": 2,
+                     "calibration_pending": False}
     other_net = Net(scope="other")
     other = FixedLossScalingUpdater(other_net.solver("Sgd", lr=0.1), other_net.loss,
                                     scale=2.0)
@@ -111,7 +112,12 @@ def _mutated(mutate):
     (lambda s: s.update(steps=-1), ValueError, r"state\['steps'\] must be >= 0, got -1"),
     (lambda s: s.update(bad_batches=-2), ValueError,
      r"state\['bad_batches'\] must be >= 0, got -2"),
-    (lambda s: s.update(version=1), ValueError, r"unknown keys \['bad_batches'\]"),
+    (lambda s: s.update(version=1), ValueError,
+     r"state \(version 1\) .*unknown keys \['bad_batches', 'calibration_pending'\]"),
+    (lambda s: s.update(version=2), ValueError,
+     r"state \(version 2\) .*unknown keys \['calibration_pending'\]"),
+    (lambda s: s.update(calibration_pending=1), TypeError,
+     r"state\['calibration_pending'\] must be True or False, got 1"),
     (lambda s: s.update(updates=1.5), TypeError, r"state\['updates'\] must be an integer"),
     (lambda s: s["policy"].pop("scale"), ValueError, r"missing keys \['scale'\]"),
     (lambda s: s["policy"].update(kind="fixed"), ValueError, r"'fixed' policy"),
@@ -195,7 +201,7 @@ def test_a_version_1_state_loads_with_no_bad_batches():
     # version 1 had no bad_batches; such a state is read as one that counted none
     old = json.loads(json.dumps(EXPECTED_STATE))
     old["version"] = 1
-    del old["bad_batches"]
+    del old["bad_batches"], old["calibration_pending"]
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver("Adam", alpha=1e-2), net.loss, net.feeder,
                                         scale=8.0, N=2000, overflow_mode="saturation",
@@ -205,6 +211,22 @@ def test_a_version_1_state_loads_with_no_bad_batches():
     assert updater.bad_batches == 1
     updater.load_state_dict(old)
     assert updater.state_dict() == EXPECTED_STATE and updater.bad_batches == 0
+
+
+@pytest.mark.parametrize("steps, pending", [(0, True), (1, False)])
+def test_a_version_2_state_of_scale_auto_still_measures_only_before_the_first_step(
+        steps, pending):
+    # version 2 did not save whether scale="auto" was still to measure: a state saved
+    # before the first step is; one saved later is taken as measured (as version 2 did)
+    net = Net("half")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale="auto")
+    old = updater.state_dict()
+    assert old["calibration_pending"] is True
+    old.update(version=2, steps=steps, updates=steps)
+    del old["calibration_pending"]
+    updater.load_state_dict(old)
+    assert updater.state_dict() == {**old, "version": 3, "calibration_pending": pending}
 
 
 def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
