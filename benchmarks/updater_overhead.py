@@ -22,10 +22,11 @@ a change to the step loop is measured against the code before it in the same run
 table adds the ratios ours/before and before/nnabla.
 
 With ``--control`` another contender, ``again``, is a second copy of ours (the same code on
-its own copy of the model): the ratio ours/again, which would be exactly 1 if only the code
-decided the step time, shows the resolution of the run itself (where a model's memory
-lies, which contender runs after which). A ratio ours/before is told from 1 only where it
-lies outside the spread of ours/again over the same runs.
+its own copy of the model), run second from the end: where ours runs when the order is
+reversed. The ratio ours/again, which would be exactly 1 if only the code decided the
+step time, shows the resolution of the run itself (where a model's memory lies, which
+contender runs after which): a ratio ours/before is told from 1 only where it lies
+further from 1 than ours/again does over the same runs.
 
 With ``--layouts K`` the models are built K times, the first in the run order and the
 others in orders shuffled by their number, and the rounds are split among the K builds:
@@ -141,21 +142,29 @@ def _updater(cls, scope, **options):
     return make
 
 
-def contenders(spec, seed, with_clip=False, control=False, layout=0, reverse_build=False):
-    """The contenders' step functions, in the order they run. A model built earlier can run
-    at a different speed for where its memory lies, so the build order is a parameter:
-    layout 0 builds in the run order (the reverse one with ``reverse_build``), any other
-    layout in an order shuffled by its number."""
-    makers = [("hand", _hand), ("ours", _updater(DynamicLossScalingUpdater, "ours"))]
+def contender_makers(with_clip=False, control=False):
+    """(name, builder) of each contender, in the order they run. The control runs where
+    ours runs in the reversed order (second from the end), so that the two take the same
+    places over two rounds."""
+    found = [("hand", _hand), ("ours", _updater(DynamicLossScalingUpdater, "ours"))]
     if BeforeUpdater is not None:
-        makers.append(("before", _updater(BeforeUpdater, "before")))
-    makers.append(("nnabla", _updater(NnablaUpdater, "nnabla")))
-    if control:
-        makers.append(("again", _updater(DynamicLossScalingUpdater, "again")))
+        found.append(("before", _updater(BeforeUpdater, "before")))
+    found.append(("nnabla", _updater(NnablaUpdater, "nnabla")))
     if with_clip:
         # The norm is computed every step; the bound is never reached.
-        makers.append(("ours+clip", _updater(DynamicLossScalingUpdater, "clip",
-                                             clip_grad_norm=1e30)))
+        found.append(("ours+clip", _updater(DynamicLossScalingUpdater, "clip",
+                                            clip_grad_norm=1e30)))
+    if control:
+        found.insert(len(found) - 1, ("again", _updater(DynamicLossScalingUpdater, "again")))
+    return found
+
+
+def contenders(spec, seed, with_clip=False, control=False, layout=0, reverse_build=False):
+    """The contenders' step functions, in the order they run (:func:`contender_makers`).
+    A model built earlier can run at a different speed for where its memory lies, so the
+    build order is a parameter: layout 0 builds in the run order (the reverse one with
+    ``reverse_build``), any other layout in an order shuffled by its number."""
+    makers = contender_makers(with_clip, control)
     order = makers[::-1] if reverse_build else list(makers)
     if layout:
         random.Random(layout).shuffle(order)
@@ -199,13 +208,14 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_bui
     of the models (see :func:`contenders`), each with ``warmup`` untimed rounds first."""
     times, n = {}, None
     for layout in range(layouts):
+        runs = None      # the previous build's models go before the next are built
         nn.clear_parameters()
         runs, n_params, n_arrays = contenders(spec, seed, with_clip, control, layout,
                                               reverse_build)
         if n is None:   # steps per block: about block_ms of work, from a short probe
             probe = min(time_block(runs["hand"], 3) for _ in range(3))
             n = max(1, int(block_ms / 1e3 / probe))
-        part = interleaved(runs, n, max(1, rounds // layouts), warmup)
+        part = interleaved(runs, n, rounds // layouts, warmup)
         for name, seconds in part.items():
             times.setdefault(name, []).extend(seconds)
     ratio_hand = statistics.median(o / h for o, h in zip(times["ours"], times["hand"]))
@@ -249,9 +259,11 @@ def main(argv=None):
                         help="add a contender: a second copy of ours; the ratio ours/again "
                              "shows the resolution of the run")
     args = parser.parse_args(argv)
-    if not 1 <= args.layouts <= args.rounds:
-        parser.error(f"--layouts must lie in [1, --rounds] = [1, {args.rounds}], "
-                     f"got {args.layouts}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.layouts < 1 or args.rounds % args.layouts:
+        parser.error(f"--layouts must be at least 1 and divide --rounds {args.rounds} "
+                     f"evenly, got {args.layouts}")
     global clock, BeforeUpdater
     clock = CLOCKS[args.clock]
     if args.before:
@@ -259,11 +271,9 @@ def main(argv=None):
     logger.setLevel("WARNING")
 
     layouts = f" over {args.layouts} builds" if args.layouts > 1 else ""
+    order = "/".join(name for name, _ in contender_makers(args.with_clip, args.control))
     print(f"# updater step time, float, batch {BATCH}, Momentum; {args.rounds} rounds{layouts} "
-          f"(+{args.warmup} warm-up each) of interleaved blocks hand/ours/nnabla"
-          f"{'/before' if args.before else ''}{'/ours+clip' if args.with_clip else ''}"
-          f"{'/again' if args.control else ''}, "
-          f"{args.clock} clock")
+          f"(+{args.warmup} warm-up each) of interleaved blocks {order}, {args.clock} clock")
     print(f"# nnabla {nn.__version__}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs ({cpu_model()}), OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS')}")
