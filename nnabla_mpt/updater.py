@@ -12,7 +12,8 @@ One call of ``update()`` runs the step (:meth:`_LossScalingUpdater.update`)::
 
 Both updaters run this loop; they differ in the policy that sets the scale and in their
 arguments (``options.DYNAMIC``, ``options.FIXED``). Checkpoint files are written and read
-by :mod:`nnabla_mpt.checkpoint`.
+by :mod:`nnabla_mpt.checkpoint`; what a valid updater state is, :mod:`nnabla_mpt.updater_state`
+says.
 """
 import copy
 import math
@@ -330,6 +331,8 @@ class _LossScalingUpdater(CollapseAttributes):
             ValueError: keys are missing or unknown (the message lists them), the version
                 or the updater type differs, a value is out of range, or the counters
                 contradict each other (the message names them and their values).
+            TypeError: a value has the wrong type (a counter that is no integer,
+                ``calibration_pending`` that is no bool); the message names it.
         """
         checked = self._check_state(state)
         updater_state.warn_replaced_settings(self.policy, state["policy"])
