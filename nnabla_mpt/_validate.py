@@ -83,7 +83,9 @@ def exact_keys(name: str, state: Any, expected: Iterable[str]) -> None:
 
 
 def version(name: str, state: Mapping, expected: int) -> None:
+    """Checks that ``state["version"]`` is the integer ``expected`` (not a bool or float that
+    compares equal): states of earlier versions are converted before this check."""
     got = state.get("version")
-    if got != expected:
-        raise ValueError(f"{name} has version {got!r}; this nnabla_mpt reads version "
-                         f"{expected}")
+    if type(got) is not int or got != expected:
+        raise ValueError(f"{name} has version {got!r}; this nnabla_mpt writes version "
+                         f"{expected} and reads it and the earlier versions it converts")

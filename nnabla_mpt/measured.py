@@ -96,7 +96,8 @@ class ScaleMeter:
         gather: ``value -> the value of every rank`` (one small all-reduce with a
             communicator; ``[value]`` without).
         stats_every: Steps between gradient statistics (every ``K``-th step), or None.
-        calibrate: Whether the first step calibrates the scale (``scale="auto"``).
+        calibrate: Whether the first step calibrates the scale (``scale="auto"``); kept
+            as ``auto_scale``.
     """
 
     def __init__(self, loss: Any, params: Mapping[str, Any], policy: Any,
@@ -108,6 +109,7 @@ class ScaleMeter:
         self._gather = gather
         self.stats_every = stats_every
         self._ctx = graph.float_context(loss)
+        self.auto_scale = calibrate
         self.calibration_pending = calibrate
 
     def growth_watch(self) -> Optional[RangeWatch]:

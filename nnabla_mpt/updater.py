@@ -304,11 +304,10 @@ class _LossScalingUpdater(CollapseAttributes):
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """The updater's whole state as plain Python values, versioned.
-
-        Holds the policy's state (scale, counters, bounds) and the updater's counters.
-        Parameters and solver states are not included: :meth:`save_checkpoint` writes all
-        three together.
+        """The updater's whole state as plain Python values, versioned: the policy's (scale,
+        counters, bounds), the precision schedule's, the updater's counters and whether
+        ``scale="auto"`` is still to measure (``calibration_pending``). Parameters and
+        solver states are not included: :meth:`save_checkpoint` writes all three together.
         """
         return {"version": updater_state.VERSION, "updater": type(self).__name__,
                 "policy": self.policy.state_dict(),
@@ -322,10 +321,10 @@ class _LossScalingUpdater(CollapseAttributes):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
-        (``N``, ``max_scale``, ...) come from ``state``; one warning names each it changes.
-        A version-1 state (saved before ``bad_batches`` was counted) loads with
-        ``bad_batches=0``; a state of version 1 or 2 (before ``calibration_pending``) with
-        ``scale="auto"`` still to measure only if it was saved before the first step.
+        (``N``, ``max_scale``, ...) come from ``state``, and a calibration still due makes
+        the next step measure (``scale="auto"``) where this updater was given a number: one
+        warning names each setting replaced. Earlier versions of the state load as
+        :func:`nnabla_mpt.updater_state.current` says.
 
         Raises:
             ValueError: keys are missing or unknown (the message lists them), the version
@@ -335,7 +334,9 @@ class _LossScalingUpdater(CollapseAttributes):
                 ``calibration_pending`` that is no bool); the message names it.
         """
         checked = self._check_state(state)
-        updater_state.warn_replaced_settings(self.policy, state["policy"])
+        updater_state.warn_replaced_settings(self.policy, state["policy"],
+                                             checked["calibration_pending"],
+                                             self._meter.auto_scale)
         self.policy.load_state_dict(state["policy"])
         if self.schedule is not None:
             self.schedule.load_state_dict(state["precision"])
@@ -349,8 +350,8 @@ class _LossScalingUpdater(CollapseAttributes):
     def _check_state(self, state: Mapping[str, Any]) -> Dict[str, Any]:
         """Checks ``state`` completely, without changing anything; returns the counters
         and ``calibration_pending``."""
-        checked = updater_state.checked(state, type(self).__name__,
-                                        self._meter.calibration_pending)
+        checked = updater_state.checked(state, type(self).__name__, self._meter.auto_scale,
+                                        can_calibrate=self.policy.kind == "dynamic")
         if (state["precision"] is None) != (self.schedule is None):
             mine = None if self.schedule is None else self.schedule.mode.text
             raise ValueError(f"state has precision schedule {state['precision']!r} but this "

@@ -1,5 +1,6 @@
-"""The updater's state as plain values: its version, its keys, its checks, and the states
-of earlier versions read as the current one.
+"""The updater's state as plain values: its version, its keys, its checks, the states of
+earlier versions read as the current one, and the warning naming the settings a loaded
+state replaces.
 
 The updater builds the state (``state_dict()``) and applies it (``load_state_dict()``);
 this module says what a valid state is. The policy's and the precision schedule's parts
@@ -22,32 +23,38 @@ COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
 KEYS = ("version", "updater", "policy", "precision", "calibration_pending") + COUNTERS
 
 
-def checked(state: Any, updater: str, calibrating: bool) -> Dict[str, Any]:
+def checked(state: Any, updater_name: str, auto_scale: bool,
+            can_calibrate: bool) -> Dict[str, Any]:
     """The counters and ``calibration_pending`` of ``state``, checked: the keys, the
-    version, the updater's class name (``updater``) and the counters' consistency.
-    ``calibrating``: whether the loading updater has ``scale="auto"`` still to measure (for
-    a state of an earlier version, see :func:`current`)."""
-    state = current(state, calibrating)
+    version, the updater's class name (``updater_name``) and the counters' consistency.
+    ``auto_scale``: the loading updater was built with ``scale="auto"`` (for a state of an
+    earlier version, see :func:`current`); ``can_calibrate``: its policy can measure a
+    scale at all (a fixed one cannot, and refuses a state with a calibration due)."""
+    state = current(state, auto_scale)
     check.exact_keys("state", state, KEYS)
     check.version("state", state, VERSION)
-    if state["updater"] != updater:
+    if state["updater"] != updater_name:
         raise ValueError(f"state was saved by {state['updater']}, cannot load it into "
-                         f"{updater}")
+                         f"{updater_name}")
     values: Dict[str, Any] = _checked_counters(state)
-    values["calibration_pending"] = check.boolean("state['calibration_pending']",
-                                                  state["calibration_pending"])
+    pending = check.boolean("state['calibration_pending']", state["calibration_pending"])
+    if pending and not can_calibrate:
+        raise ValueError(f"state['calibration_pending'] is True, but {updater_name} has no "
+                         f"scale='auto' to measure")
+    values["calibration_pending"] = pending
     return values
 
 
-def current(state: Any, calibrating: bool) -> Any:
+def current(state: Any, auto_scale: bool) -> Any:
     """``state`` in the current version. Version 1 had no ``bad_batches`` (it counted
-    none); versions 1 and 2 had no ``calibration_pending``: ``scale="auto"`` (the loading
-    updater's ``calibrating``) is still to measure only in a state saved before the first
-    step. Anything else is returned as it is, for :func:`checked` to judge."""
+    none); versions 1 and 2 had no ``calibration_pending``: ``scale="auto"`` is still to
+    measure only where the loading updater has it (``auto_scale``) and the state was saved
+    before the first step. Anything else is returned as it is, for :func:`checked` to
+    judge."""
     version = state.get("version") if isinstance(state, Mapping) else None
-    if version not in (1, 2):
+    if type(version) is not int or version not in (1, 2):
         return state
-    added = {"calibration_pending": calibrating and state.get("steps") == 0}
+    added = {"calibration_pending": auto_scale and state.get("steps") == 0}
     if version == 1:
         added["bad_batches"] = 0
     check.exact_keys(f"state (version {version})", state, set(KEYS) - set(added))
@@ -72,13 +79,20 @@ def _checked_counters(state: Mapping[str, Any]) -> Dict[str, int]:
     return counters
 
 
-def warn_replaced_settings(policy, state: Mapping[str, Any]) -> None:
-    """Logs one warning naming each setting of ``policy`` that loading its ``state``
-    replaces, by the name of the updater's option."""
-    replaced = policy.replaced_settings(state)
+def warn_replaced_settings(policy, policy_state: Mapping[str, Any],
+                           calibration_pending: bool, auto_scale: bool) -> None:
+    """Logs one warning naming each setting of the loading updater that its state
+    replaces, by the name of the updater's option: the settings of ``policy`` that
+    ``policy_state`` changes, and ``scale`` where the state still has ``scale="auto"`` to
+    measure (``calibration_pending``) and the updater was given a number (not
+    ``auto_scale``)."""
+    replaced = [(options.OPTION_OF_SETTING.get(name, name), mine, saved)
+                for name, (mine, saved) in policy.replaced_settings(policy_state).items()]
+    if calibration_pending and not auto_scale:
+        replaced.append(("scale", policy.get_loss_scale(), "auto"))
     if replaced:
-        values = ", ".join(f"{options.OPTION_OF_SETTING.get(name, name)}={_shown(mine)} "
-                           f"with {_shown(saved)}" for name, (mine, saved) in replaced.items())
+        values = ", ".join(f"{name}={_shown(mine)} with {_shown(saved)}"
+                           for name, mine, saved in replaced)
         logger.warning(f"nnabla_mpt: the loaded state replaces the constructor's {values}")
 
 

@@ -289,7 +289,7 @@ def test_dynamic_state_round_trip_is_not_tied_to_the_same_object():
     (lambda s: s.update(extra=1), r"unknown keys \['extra'\]"),
     (lambda s: (s.pop("hysteresis"), s.update(bogus=0)),
      r"missing keys \['hysteresis'\]; unknown keys \['bogus'\]"),
-    (lambda s: s.update(version=3), r"version 3.*reads version 2"),
+    (lambda s: s.update(version=3), r"version 3.*writes version 2"),
     (lambda s: s.update(growth_mode="guess"), r"growth_mode must be one of 'probe', "
                                               r"'measured', got 'guess'"),
     (lambda s: s.update(kind="fixed"), r"'fixed' policy, not 'dynamic'"),

@@ -118,6 +118,8 @@ def _mutated(mutate):
      r"state \(version 2\) .*unknown keys \['calibration_pending'\]"),
     (lambda s: s.update(calibration_pending=1), TypeError,
      r"state\['calibration_pending'\] must be True or False, got 1"),
+    (lambda s: s.update(version=True), ValueError, r"state has version True; .*writes version 3"),
+    (lambda s: s.update(version=3.0), ValueError, r"state has version 3\.0; "),
     (lambda s: s.update(updates=1.5), TypeError, r"state\['updates'\] must be an integer"),
     (lambda s: s["policy"].pop("scale"), ValueError, r"missing keys \['scale'\]"),
     (lambda s: s["policy"].update(kind="fixed"), ValueError, r"'fixed' policy"),
@@ -217,16 +219,51 @@ def test_a_version_1_state_loads_with_no_bad_batches():
 def test_a_version_2_state_of_scale_auto_still_measures_only_before_the_first_step(
         steps, pending):
     # version 2 did not save whether scale="auto" was still to measure: a state saved
-    # before the first step is; one saved later is taken as measured (as version 2 did)
+    # before the first step is; one saved later is taken as measured (as version 2 did).
+    # What decides is the loading updater's scale="auto", not whether it measured already.
     net = Net("half")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
                                         scale="auto")
     old = updater.state_dict()
     assert old["calibration_pending"] is True
+    updater.update()
+    assert updater.state_dict()["calibration_pending"] is False
     old.update(version=2, steps=steps, updates=steps)
     del old["calibration_pending"]
     updater.load_state_dict(old)
     assert updater.state_dict() == {**old, "version": 3, "calibration_pending": pending}
+
+
+def test_a_state_with_the_calibration_due_makes_a_numeric_scale_measure_with_a_warning(
+        caplog):
+    net = Net("half", scope="auto")
+    auto = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                     scale="auto")
+    state = auto.state_dict()
+    other = Net("half", scope="number")
+    number = DynamicLossScalingUpdater(other.solver("Sgd", lr=0.1), other.loss, other.feeder,
+                                       scale=8.0)
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    number.load_state_dict(state)
+    assert _nnabla_warnings(caplog) == [
+        "nnabla_mpt: the loaded state replaces the constructor's scale=8 with 'auto'"]
+    assert number.state_dict() == state
+    caplog.set_level(logging.INFO, logger="nnabla")
+    number.update()
+    assert any("scale='auto' starts at" in r.getMessage() for r in caplog.records)
+    assert number.state_dict()["calibration_pending"] is False
+
+
+def test_a_fixed_updater_refuses_a_state_with_the_calibration_due():
+    net = Net()
+    updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                      scale=32.0)
+    state = {**updater.state_dict(), "calibration_pending": True}
+    with pytest.raises(ValueError, match=r"state\['calibration_pending'\] is True, but "
+                                         r"FixedLossScalingUpdater has no scale='auto' to "
+                                         r"measure"):
+        updater.load_state_dict(state)
+    assert updater.state_dict()["calibration_pending"] is False
 
 
 def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
