@@ -234,7 +234,7 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_bui
             ratio_again)
 
 
-def main(argv=None):
+def _arguments(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=60, help="timed rounds (default 60)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds (default 5)")
@@ -264,12 +264,11 @@ def main(argv=None):
     if args.layouts < 1 or args.rounds % args.layouts:
         parser.error(f"--layouts must be at least 1 and divide --rounds {args.rounds} "
                      f"evenly, got {args.layouts}")
-    global clock, BeforeUpdater
-    clock = CLOCKS[args.clock]
-    if args.before:
-        BeforeUpdater = import_before(args.before)
-    logger.setLevel("WARNING")
+    return args
 
+
+def _print_header(args):
+    """Prints the run's settings, the machine and the table's header."""
     layouts = f" over {args.layouts} builds" if args.layouts > 1 else ""
     order = "/".join(name for name, _ in contender_makers(args.with_clip, args.control))
     print(f"# updater step time, float, batch {BATCH}, Momentum; {args.rounds} rounds{layouts} "
@@ -285,6 +284,16 @@ def main(argv=None):
               + (f" {'ours/again':>10}" if args.control else ""))
     print(header)
     print("-" * len(header))
+
+
+def main(argv=None):
+    args = _arguments(argv)
+    global clock, BeforeUpdater
+    clock = CLOCKS[args.clock]
+    if args.before:
+        BeforeUpdater = import_before(args.before)
+    logger.setLevel("WARNING")
+    _print_header(args)
     for name in args.models:
         n_params, n_arrays, n, med, rh, rn, rc, rb, ra = measure(
             MODELS[name], args.rounds, args.warmup, args.block_ms, with_clip=args.with_clip,
