@@ -201,6 +201,29 @@ def test_a_calibration_still_due_at_the_precision_switch_is_dropped(info_log):
     assert len([m for m in messages(info_log) if "scale='auto' starts" in m]) == 1
 
 
+def _resumed(path, steps, bad=(), **options):
+    """A twin run (``Net("half", hidden=8)``, Adam, ``options``; ``bad``: its bad batches)
+    saves a checkpoint at ``path`` after ``steps`` steps; a new updater on a new net of the
+    same scope, as a new process would build them, loads it. Returns the new updater, its
+    net and solver, and the state the twin saved."""
+    first = Net("half", hidden=8, scope="first")
+    first.bad = set(bad)
+    a = DynamicLossScalingUpdater(first.solver("Adam", alpha=1e-2), first.loss, first.feeder,
+                                  **options)
+    for _ in range(steps):
+        a.update()
+    saved = a.state_dict()
+    a.save_checkpoint(path)
+
+    nn.clear_parameters()                                # as a new process would
+    second = Net("half", hidden=8, scope="first")
+    second.calls = steps
+    solver = second.solver("Adam", alpha=1e-2)
+    b = DynamicLossScalingUpdater(solver, second.loss, second.feeder, **options)
+    b.load_checkpoint(path)
+    return b, second, solver, saved
+
+
 def test_a_resumed_run_does_not_calibrate_again(tmp_path, info_log):
     net = Net("half", hidden=8)
     solver = net.solver("Adam", alpha=1e-2)
@@ -209,21 +232,9 @@ def test_a_resumed_run_does_not_calibrate_again(tmp_path, info_log):
     uninterrupted = [updater.update() for _ in range(6)]
     params, states = net.snapshot(), solver_states(solver)
 
-    first = Net("half", hidden=8, scope="first")
-    first_solver = first.solver("Adam", alpha=1e-2)
-    a = DynamicLossScalingUpdater(first_solver, first.loss, first.feeder, scale="auto", N=2,
-                                  growth_mode="measured")
-    [a.update() for _ in range(3)]
-    a.save_checkpoint(str(tmp_path / "ckpt.npz"))
+    b, second, second_solver, _ = _resumed(str(tmp_path / "ckpt.npz"), 3, scale="auto",
+                                           N=2, growth_mode="measured")
     info_log.clear()
-
-    nn.clear_parameters()                                # as a new process would
-    second = Net("half", hidden=8, scope="first")
-    second.calls = 3
-    second_solver = second.solver("Adam", alpha=1e-2)
-    b = DynamicLossScalingUpdater(second_solver, second.loss, second.feeder, scale="auto",
-                                  N=2, growth_mode="measured")
-    b.load_checkpoint(str(tmp_path / "ckpt.npz"))
     resumed = [b.update() for _ in range(3)]
     assert not [m for m in messages(info_log) if "scale='auto'" in m]
     assert second.calls == 6
@@ -244,22 +255,10 @@ def test_a_run_resumed_after_a_bad_first_batch_calibrates_as_the_uninterrupted_o
     uninterrupted = [updater.update() for _ in range(3)]
     params, states = net.snapshot(), solver_states(solver)
 
-    first = Net("half", hidden=8, scope="first")
-    first.bad = {0}
-    a = DynamicLossScalingUpdater(first.solver("Adam", alpha=1e-2), first.loss, first.feeder,
-                                  scale="auto", N=1000)
-    a.update()
-    assert a.state_dict()["calibration_pending"] is True
-    a.save_checkpoint(str(tmp_path / "ckpt.npz"))
+    b, second, second_solver, saved = _resumed(str(tmp_path / "ckpt.npz"), 1, bad={0},
+                                               scale="auto", N=1000)
+    assert saved["calibration_pending"] is True
     info_log.clear()
-
-    nn.clear_parameters()                                # as a new process would
-    second = Net("half", hidden=8, scope="first")
-    second.calls = 1
-    second_solver = second.solver("Adam", alpha=1e-2)
-    b = DynamicLossScalingUpdater(second_solver, second.loss, second.feeder, scale="auto",
-                                  N=1000)
-    b.load_checkpoint(str(tmp_path / "ckpt.npz"))
     resumed = [b.update() for _ in range(2)]
     assert len([m for m in messages(info_log) if "scale='auto' starts" in m]) == 1
     assert [(r.step, r.skipped, r.scale, r.next_scale) for r in resumed] == [
