@@ -1,5 +1,6 @@
 """What the updaters read off a loss graph: its backend, its precision, its inputs."""
-from typing import Dict, List, Mapping
+import functools
+from typing import Dict, List, Mapping, Tuple
 
 
 def backend_of(loss) -> List[str]:
@@ -9,11 +10,50 @@ def backend_of(loss) -> List[str]:
     return [] if parent is None else list(parent.context.backend)
 
 
+def type_config_of(loss) -> str:
+    """The type configuration nnabla runs the graph of ``loss`` in (``"half"``,
+    ``"float"``, ...): that of the first backend of the loss's context that nnabla has
+    functions for (:func:`runnable_backend`); ``"float"`` for a leaf.
+
+    The first backend named is not always the one that runs: nothing is registered under
+    ``*:mixed_half``, so cudnn's ``mixed_half`` context (``cudnn:mixed_half, cudnn:half,
+    ...``) runs in float16 and cuda's (``cuda:mixed_half, cuda:float, ...``) in float32.
+    """
+    parent = loss.parent
+    if parent is None:
+        return "float"
+    ctx = parent.context
+    backend = runnable_backend(tuple(ctx.backend), ctx.array_class, ctx.device_id)
+    return backend.rsplit(":", 1)[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def runnable_backend(backends: Tuple[str, ...], array_class: str, device_id: str) -> str:
+    """The first of ``backends`` that nnabla has functions registered for, found by
+    creating a function under each alone (nnabla raises for a backend with none).
+
+    Raises:
+        ValueError: none of them is registered (the message lists them).
+    """
+    import nnabla as nn
+    import nnabla.functions as F
+
+    for backend in backends:
+        try:
+            with nn.context_scope(nn.Context([backend], array_class, device_id)), \
+                    nn.auto_forward(False):
+                F.identity(nn.Variable((1,)))
+        except RuntimeError:
+            continue
+        return backend
+    raise ValueError(f"none of the backends {list(backends)} of the loss's context has "
+                     f"functions registered in nnabla (is its extension installed?)")
+
+
 def precision_of(loss) -> str:
-    """``"half"`` when the function producing ``loss`` runs on a half backend, else
+    """``"half"`` when the graph of ``loss`` runs in float16 (:func:`type_config_of`), else
     ``"float"``."""
-    backend = backend_of(loss)
-    return "half" if backend and backend[0].endswith(":half") else "float"
+    return "half" if type_config_of(loss) == "half" else "float"
 
 
 def extension_of(loss) -> str:
@@ -73,18 +113,26 @@ def data_inputs(loss, params: Mapping) -> List:
 
 
 def loss_dtype(loss) -> str:
-    """The dtype the backward pass of ``loss`` is seeded in: ``"float16"`` on a half
-    backend, ``"bfloat16"`` on a bfloat16 one, else ``"float32"``."""
-    backend = backend_of(loss)
-    suffix = backend[0].rsplit(":", 1)[-1] if backend else "float"
-    return {"half": "float16", "bfloat16": "bfloat16"}.get(suffix, "float32")
+    """The dtype the backward pass of ``loss`` is seeded in: ``"float16"`` where the graph
+    runs in half (:func:`type_config_of`), ``"bfloat16"`` in bfloat16, else
+    ``"float32"``."""
+    return {"half": "float16", "bfloat16": "bfloat16"}.get(type_config_of(loss), "float32")
 
 
 def float_context(loss):
-    """The float32 context of the extension ``loss`` is computed with (for reductions
-    over its gradients)."""
+    """The float32 context of our own reductions over the gradients of ``loss``: the
+    loss's own context (same device, same array class) with every backend's type
+    configuration made ``float`` (``cudnn:half, cudnn:float, cuda:half, ...`` becomes
+    ``cudnn:float, cuda:float, ...``); the CPU's for a leaf."""
+    import nnabla as nn
     from nnabla.ext_utils import get_extension_context
-    return get_extension_context(extension_of(loss), type_config="float")
+
+    parent = loss.parent
+    if parent is None:
+        return get_extension_context("cpu", type_config="float")
+    ctx = parent.context
+    backends = [f"{b.split(':', 1)[0]}:float" for b in ctx.backend]
+    return nn.Context(list(dict.fromkeys(backends)), ctx.array_class, ctx.device_id)
 
 
 def ceiling_of(loss) -> float:

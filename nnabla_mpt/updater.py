@@ -398,8 +398,8 @@ def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: 
     callback, :func:`options.backward_reduction`)."""
     check_grads = None
     if updater.enable_overflow_check:
-        float32_cpu = (updater.schedule is None
-                       and graph.backend_of(updater.loss) == ["cpu:float"])
+        float32_cpu = (updater.schedule is None and graph.extension_of(updater.loss) == "cpu"
+                       and graph.loss_dtype(updater.loss) == "float32")
         check_grads = overflow_check(updater.detector, updater.solver, updater._params,
                                      float32_cpu)
     float_only = updater._precision == "float" and updater.schedule is None

@@ -27,6 +27,7 @@ class Net:
 
     Args:
         type_config: ``"float"`` or ``"half"``; the graph and solvers use this context.
+        ctx: A context to use instead (a backend list of one's own, another device_id).
         scope: Parameter scope; parameter names are given relative to it.
         activation: The hidden layer's function (``"tanh"``, ``"relu"``) with ``hidden``.
 
@@ -44,8 +45,8 @@ class Net:
     def __init__(self, type_config: str = "float", *, batch: int = 4, d_in: int = 3,
                  hidden: Optional[int] = None, d_out: int = 2, seed: int = 0,
                  scope: str = "net", data_seed: int = 1000,
-                 activation: str = "tanh") -> None:
-        self.ctx = context(type_config)
+                 activation: str = "tanh", ctx: Optional[nn.Context] = None) -> None:
+        self.ctx = context(type_config) if ctx is None else ctx
         self.data_seed = data_seed
         with nn.context_scope(self.ctx), nn.parameter_scope(scope):
             self.x = nn.Variable((batch, d_in))
