@@ -4,8 +4,12 @@ One process decides from its own gradients (:class:`LocalDecision`). With a
 communicator, :class:`StepAgreement` makes the decision from the reduced gradients, which
 every rank holds bit for bit alike, so every rank takes the same branch:
 
-1. two flags travel at the end of the gradients' all-reduce (this rank's own overflow
-   where it checks before the reduce, its loss): one collective a step;
+1. the flags travel at the end of the gradients' all-reduce (this rank's own overflow
+   where it checks before the reduce, its loss; exactly, whatever dtype the communicator
+   reduces in: :mod:`nnabla_mpt.exchange`): one collective a step, given a list
+   (:class:`ArrayList`) to a communicator that fuses the arrays of a call
+   (:class:`~nnabla_mpt.MPICommunicator`), packed in one array of our own for any other
+   (:class:`~nnabla_mpt.packed.PackedArrays`: nnabla's runs collectives per array);
 2. the reduced gradients are checked (each rank checks the same values);
 3. on a skipped step only, one more small all-reduce carries two votes: whether some
    rank's loss was non-finite, and whether some rank's batch held inf/NaN (a bad batch);
@@ -33,7 +37,9 @@ import numpy as np
 import nnabla as nn
 from nnabla.logger import logger
 
+from . import exchange, graph
 from .detector import BatchCheck
+from .packed import PackedArrays
 from .step_loss import StepLosses
 
 
@@ -56,6 +62,8 @@ class LocalDecision:
 
     #: No reduction runs inside the backward pass (see :class:`StepAgreement`).
     in_backward = None
+    #: No all-reduce (see :class:`StepAgreement`).
+    reduction = None
 
     def __init__(self, check: Optional[Callable[[], bool]], batch: BatchCheck) -> None:
         self.check = check
@@ -81,42 +89,51 @@ class StepAgreement:
 
     Args:
         comm: The communicator (``all_reduce``, ``size``).
-        reduce_list: The arrays the step reduces: the gradients, then ``flags`` last.
+        transport: What the step's all-reduce carries (:class:`ArrayList` or
+            :class:`~nnabla_mpt.packed.PackedArrays`): ``reduce(comm, flags, division)``
+            reduces the gradients with the flags and returns the reduced flags.
+        flags: The flags' codec (:func:`nnabla_mpt.exchange.step_flags`).
+        reduction: What the all-reduce does to dtypes (:func:`nnabla_mpt.exchange.handshake`).
         check: The overflow check of the solver's gradients, or None when checking is off;
             kept as the attribute ``check``.
         check_before: Check each rank's own gradients before the reduce too (see the
             module's docstring).
         batch: The check of a skipped step's batch (:class:`~nnabla_mpt.detector.BatchCheck`).
+        division: The step's all-reduce averages over the ranks (``average_ranks``).
         in_backward: ``() -> callback`` for the last backward pass of a step, where the
             gradients are reduced inside it (nnabla's communicators, ``all_reduce_callback``;
-            ``reduce_list`` then holds the flags only), or None; kept as the attribute.
+            the transport then carries the flags only), or None; kept as the attribute.
     """
 
-    def __init__(self, comm, reduce_list: List["nn.NdArray"],
+    def __init__(self, comm, transport, flags, reduction: exchange.Reduction,
                  check: Optional[Callable[[], bool]], check_before: bool,
-                 batch: BatchCheck, in_backward: Optional[Callable[[], Any]] = None) -> None:
+                 batch: BatchCheck, division: bool = False,
+                 in_backward: Optional[Callable[[], Any]] = None) -> None:
         self._comm = comm
-        self.reduce_list = reduce_list
+        self.transport = transport
+        self._flags = flags
+        self.reduction = reduction
         self.check = check
         self.check_before = check is not None and check_before
         self._batch = batch
+        self._division = division
         self.in_backward = in_backward
+        self._values = exchange.RankSlots(comm.rank, comm.size, np.float64)
 
     def decide(self, loss: "nn.Variable", losses: StepLosses) -> Decision:
         """Reduces the gradients with the flags (one collective) and checks the result.
 
-        The flags are ``[this rank's overflow, its mean loss]``; the mean over the ranks
+        The flags are this rank's overflow and its mean loss; the mean over the ranks
         becomes the step's loss (``losses.set_mean``). On a skipped step, one more small
         all-reduce tells whether some rank's loss was non-finite and whether some rank's
         batch held inf/NaN.
         """
         local = self.check_before and self.check()
-        flags = self.reduce_list[-1]
-        flags.data = np.array([local, losses.mean()], dtype=np.float32)
-        self._comm.all_reduce(self.reduce_list, division=False, inplace=True)
-        flag, loss_total = (float(x) for x in flags.data)
-        losses.set_mean(loss_total / self._comm.size)
-        overflow = self.check is not None and (flag > 0.0 or self.check())
+        reduced = self.transport.reduce(self._comm, self._flags.encode(local, losses.mean()),
+                                        self._division)
+        flagged, mean = self._flags.decode(reduced)
+        losses.set_mean(mean)
+        overflow = self.check is not None and (flagged or self.check())
         if not overflow:
             return False, False, False
         bad_losses, bad_batches = self._count([not math.isfinite(losses.total()),
@@ -140,39 +157,15 @@ class StepAgreement:
                 "non-finite gradients on their own batches; their reports name the function.")
         return overflow_votes > 0 and problem_votes == 0
 
-    def check_same_model(self, params: Mapping[str, "nn.Variable"],
-                         grads: Optional[Sequence["nn.NdArray"]]) -> None:
-        """Raises the same ``ValueError`` on every rank unless every rank exchanges the
-        gradients of parameters of the same names and shapes, in the same order (one small
-        all-reduce of a fingerprint, at construction). Arrays of the same sizes in another
-        order would be summed with each other's, silently."""
-        order = list(params.items())
-        if grads is not None:                 # the order grads gives them
-            order = [next((name, v) for name, v in order if v.grad == g) for g in grads]
-        text = repr([(name, tuple(v.shape)) for name, v in order]).encode("utf-8")
-        digest = int.from_bytes(hashlib.blake2b(text, digest_size=6).digest(), "little")
-        halves = [digest & 0xFFFFFF, digest >> 24]      # exact in float32
-        slots = np.zeros(2 * self._comm.size, dtype=np.float32)
-        slots[2 * self._comm.rank:2 * self._comm.rank + 2] = halves
-        seen = self._sum(slots)
-        fingerprints = [tuple(seen[2 * r:2 * r + 2]) for r in range(self._comm.size)]
-        differ = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
-        if differ:
-            raise ValueError(
-                f"the ranks exchange different gradients: the parameters (names, shapes, "
-                f"order{', as grads gives them' if grads is not None else ''}) of rank(s) "
-                f"{', '.join(map(str, differ))} differ from rank 0's; build the same model on "
-                f"every rank and pass grads in the same order (or grads=None)")
-
     def gather(self, value: float) -> List[float]:
-        """``value`` of every rank, in rank order (one small all-reduce: each rank
-        contributes its value in its own slot, as float32)."""
-        slots = np.zeros(self._comm.size, dtype=np.float32)
-        slots[self._comm.rank] = value
-        return self._sum(slots)
+        """``value`` of every rank, in rank order, exactly (one small all-reduce of its
+        bytes, :class:`~nnabla_mpt.exchange.RankSlots`)."""
+        summed = self._sum(self._values.encode(value))
+        return [float(v) for v in self._values.decode(summed).ravel()]
 
     def _count(self, votes: List[bool]) -> List[float]:
-        """For each question, how many ranks answered yes (one small all-reduce)."""
+        """For each question, how many ranks answered yes (one small all-reduce; exact in
+        float16 up to 2048 ranks)."""
         return self._sum(np.array(votes, dtype=np.float32))
 
     def _sum(self, values: np.ndarray) -> List[float]:
@@ -183,28 +176,119 @@ class StepAgreement:
         return [float(v) for v in array.data]
 
 
-def decider(comm, params: Mapping[str, "nn.Variable"],
+class ArrayList:
+    """What the step's all-reduce carries for a communicator that fuses the arrays of a
+    call itself (:class:`~nnabla_mpt.MPICommunicator`), or the flags alone where the
+    gradients are reduced inside the backward pass: the arrays, the flags' array last.
+
+    Args:
+        arrays: The arrays to reduce (the gradients), or none.
+        flags: The array of the step's flags (its length that of the flags' codec).
+    """
+
+    def __init__(self, arrays: Sequence["nn.NdArray"], flags: "nn.NdArray") -> None:
+        self.arrays = list(arrays) + [flags]
+        self._flags = flags
+
+    def reduce(self, comm, flags: np.ndarray, division: bool) -> np.ndarray:
+        """Reduces the arrays with ``flags`` (one call of ``comm``); the reduced flags."""
+        self._flags.data = flags
+        comm.all_reduce(self.arrays, division=division, inplace=True)
+        return self._flags.data
+
+
+def model_digest(params: Mapping[str, "nn.Variable"],
+                      grads: Optional[Sequence["nn.NdArray"]]) -> bytes:
+    """Six bytes naming the parameters a rank exchanges: names, shapes and order (the
+    order ``grads`` gives them, when given)."""
+    order = list(params.items())
+    if grads is not None:
+        order = [next((name, v) for name, v in order if v.grad == g) for g in grads]
+    text = repr([(name, tuple(v.shape)) for name, v in order]).encode("utf-8")
+    return hashlib.blake2b(text, digest_size=6).digest()
+
+
+def same_model(comm, params: Mapping[str, "nn.Variable"],
+               grads: Optional[Sequence["nn.NdArray"]]) -> exchange.Reduction:
+    """Raises the same ``ValueError`` on every rank unless every rank exchanges the
+    gradients of parameters of the same names and shapes, in the same order (one small
+    all-reduce, exact in any dtype: :func:`nnabla_mpt.exchange.handshake`); arrays of the
+    same sizes in another order would be summed with each other's, silently. Returns what
+    the all-reduce does to dtypes."""
+    seen, reduction = exchange.handshake(comm, model_digest(params, grads))
+    differ = [r for r, f in enumerate(seen) if f != seen[0]]
+    if differ:
+        raise ValueError(
+            f"the ranks exchange different gradients: the parameters (names, shapes, "
+            f"order{', as grads gives them' if grads is not None else ''}) of rank(s) "
+            f"{', '.join(map(str, differ))} differ from rank 0's; build the same model on "
+            f"every rank and pass grads in the same order (or grads=None)")
+    return reduction
+
+
+def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
             grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
             float_only: bool, check: Optional[Callable[[], bool]], mode: str,
-            batch: BatchCheck, pack: Optional[int] = None):
+            batch: BatchCheck, pack: Optional[int] = None, division: bool = False):
     """``(decider, shared gradients)`` for an updater: a :class:`LocalDecision` without a
-    communicator; else a :class:`StepAgreement` over the arrays of :func:`reduce_list`,
-    checking each rank's own gradients before the reduce too in the saturation ``mode``;
-    the ranks compare what they exchange first (:meth:`StepAgreement.check_same_model`).
+    communicator; else a :class:`StepAgreement`, checking each rank's own gradients
+    before the reduce too in the saturation ``mode``. The ranks first compare what they
+    exchange and learn what the all-reduce does to dtypes (:func:`same_model`).
     With ``pack`` (``options.backward_reduction``) nnabla's callback reduces the gradients
-    inside the last backward pass, in packs of that many values, and the step's all-reduce
-    carries the flags only."""
+    inside the last backward pass, in packs of that many values, and the step's
+    all-reduce carries the flags only; ``division``: the all-reduces average over the
+    ranks (``average_ranks``)."""
     if comm is None:
         return LocalDecision(check, batch), None
-    arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only)
+    reduction = same_model(comm, params, grads)
+    transport, shared, flags = _transport(comm, reduction, loss, params, grads,
+                                          shared_grads, float_only, pack is None, division)
     in_backward = None
     if pack is not None:
-        gradients, arrays = arrays[:-1], arrays[-1:]
-        in_backward = lambda: comm.all_reduce_callback(gradients, pack)  # noqa: E731
-    check_before = mode != "inf_nan"
-    agreement = StepAgreement(comm, arrays, check, check_before, batch, in_backward)
-    agreement.check_same_model(params, grads)
+        gradients = list(grads if grads is not None else (v.grad for v in params.values()))
+        in_backward = lambda: comm.all_reduce_callback(gradients, pack,  # noqa: E731
+                                                       division=division)
+    agreement = StepAgreement(comm, transport, flags, reduction, check, mode != "inf_nan",
+                              batch, division, in_backward)
     return agreement, shared
+
+
+def _transport(comm, reduction: exchange.Reduction, loss: "nn.Variable",
+               params: Mapping[str, "nn.Variable"], grads, shared_grads: Optional[bool],
+               float_only: bool, with_gradients: bool, division: bool):
+    """``(transport, shared gradients, flags' codec)`` of the step's all-reduce: the
+    gradients and the flags packed in one buffer for a communicator that handles each
+    array on its own (nnabla's), else as a list (:func:`reduce_list`); the flags alone
+    where the gradients are reduced in the backward pass (not ``with_gradients``)."""
+    from .communicator import MPICommunicator
+
+    if with_gradients and not isinstance(comm, MPICommunicator):
+        dtype = graph.loss_dtype(loss)
+        flags = exchange.step_flags(comm, reduction, dtype, division)
+        arrays = list(grads if grads is not None else (v.grad for v in params.values()))
+        packed = PackedArrays(arrays, flags.length, graph.context_of(loss),
+                              graph.float_context(loss))
+        return packed, None, flags
+    flags = exchange.step_flags(comm, reduction, "float32", division)
+    if not with_gradients:
+        return ArrayList([], nn.NdArray((flags.length,))), None, flags
+    arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only, flags.length)
+    return ArrayList(arrays[:-1], arrays[-1]), shared, flags
+
+
+def warn_float16_reduction(reduction: Optional[exchange.Reduction], precision: str,
+                           schedule: bool) -> None:
+    """Warns when a communicator that reduces in float16 is to reduce float32 gradients:
+    those of a graph of ``precision`` ``"float"``, or of the full-precision phase of a
+    precision ``schedule``."""
+    if reduction is None or not reduction.float16 or (precision != "float" and not schedule):
+        return
+    what = ("the gradients of this float32 graph" if precision == "float" else
+            "the float32 gradients of the precision schedule's full-precision phase")
+    logger.warning(f"nnabla_mpt: the communicator reduces in float16 (nnabla's "
+                   f"communicator made from a half or mixed_half context): {what} lose "
+                   f"precision and overflow beyond 65504 in its sums; build the "
+                   f"communicator from a float context")
 
 
 def check_not_armed(comm) -> None:
@@ -220,14 +304,15 @@ def check_not_armed(comm) -> None:
 
 def reduce_list(comm, params: Mapping[str, "nn.Variable"],
                 grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
-                float_only: bool) -> Tuple[List["nn.NdArray"], object]:
+                float_only: bool, flags_length: int) -> Tuple[List["nn.NdArray"], object]:
     """The arrays a step reduces, the flags last, and the :class:`SharedGradients` holding
     them in the communicator's shared memory (or None).
 
     ``shared_grads`` as the updaters take it (see :func:`use_shared_grads`);
-    ``float_only``: the graph runs in float only (no float16 gradients).
+    ``float_only``: the graph runs in float only (no float16 gradients); ``flags_length``:
+    the elements of the step's flags.
     """
-    flags = nn.Variable((2,))
+    flags = nn.Variable((flags_length,))
     placed = list(params.values()) + [flags]
     if use_shared_grads(shared_grads, comm, grads, float_only, placed):
         shared = comm.share_grads(placed)

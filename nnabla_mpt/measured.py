@@ -50,6 +50,7 @@ import numpy as np
 from nnabla.logger import logger
 
 from . import graph
+from .dtypes import float_type
 from .gradient_stats import GradientStats, gradient_stats
 from .watch import RangeWatch
 
@@ -98,17 +99,31 @@ class ScaleMeter:
         stats_every: Steps between gradient statistics (every ``K``-th step), or None.
         calibrate: Whether the first step calibrates the scale (``scale="auto"``); kept
             as ``auto_scale``.
+        reduced_dtype: The dtype the step's all-reduce leaves the gradients in (that of
+            the communicator's reduction for nnabla's, the gradients' own for
+            :class:`~nnabla_mpt.MPICommunicator`), or None where no all-reduce follows
+            the backward pass.
+
+    The parameters' gradients are bounded by the dtype they can overflow in, not by the
+    dtype their arrays hold when read (a solver or a float communicator may have cast
+    them to float32 by then): each rank's own by the dtype the backward pass computes in,
+    before the reduce (the smallest room over the ranks wins); the reduced ones by
+    ``reduced_dtype``. So a float32 reduction of float16 gradients does not make room
+    that the next backward pass does not have, and a float32 sum over the ranks is not
+    bounded as if it summed in float16.
     """
 
     def __init__(self, loss: Any, params: Mapping[str, Any], policy: Any,
                  gather: Callable[[float], List[float]], stats_every: Optional[int],
-                 calibrate: bool) -> None:
+                 calibrate: bool, reduced_dtype: Optional[str] = None) -> None:
         self._loss = loss
         self._params = params
         self._policy = policy
         self._gather = gather
         self.stats_every = stats_every
         self._ctx = graph.float_context(loss)
+        self._own_max = float_type(graph.loss_dtype(loss)).max
+        self._reduced_max = None if reduced_dtype is None else float_type(reduced_dtype).max
         self.auto_scale = calibrate
         self.calibration_pending = calibrate
 
@@ -118,10 +133,18 @@ class ScaleMeter:
             return RangeWatch(self._loss, self._ctx)
         return None
 
+    def watch_own(self, watch: RangeWatch) -> None:
+        """Adds the parameters' gradients as the backward passes left them (before the
+        reduce) to ``watch``, bounded by the dtype the backward computes in."""
+        watch.add([v.grad for v in self._params.values()], self._own_max)
+
     def growth_room(self, watch: RangeWatch, scale: float) -> float:
         """How far the scale may grow after the step watched at ``scale``: ``R`` over the
-        watched passes and the parameters' (reduced) gradients, smallest over the ranks."""
-        measured, _ = room(watch.add([v.grad for v in self._params.values()]), scale)
+        watched passes, each rank's own gradients (:meth:`watch_own`) and the reduced
+        ones, smallest over the ranks."""
+        if self._reduced_max is not None:
+            watch.add([v.grad for v in self._params.values()], self._reduced_max)
+        measured, _ = room(watch, scale)
         return min(self._gather(measured))
 
     def statistics(self, index: int) -> Optional[Dict[str, GradientStats]]:
@@ -145,8 +168,8 @@ class ScaleMeter:
         while True:
             zero_grads()
             watch = RangeWatch(self._loss, self._ctx).run(self._loss, probe)
-            measured, largest = room(watch.add([v.grad for v in self._params.values()]),
-                                     probe)
+            self.watch_own(watch)
+            measured, largest = room(watch, probe)
             if largest > 0.0 or probe >= upper:
                 break
             probe = min(probe * PROBE_STEP, upper)   # every gradient underflowed: look higher

@@ -133,19 +133,17 @@ class _LossScalingUpdater(CollapseAttributes):
         self._in_backward = self._decider.in_backward
         self._zero_grads = (solver.zero_grad if self.shared_grads is None
                             else self.shared_grads.zero)
-        self._unscaler = Unscaler(
+        self._unscaler = Unscaler(   # with average_ranks, the all-reduce averages
             solver, self._params, graph.extension_of(self.loss),
-            self.accum_grad if self.average_accum else 1,
-            self.comm.size if self.average_ranks and self.comm is not None else 1,
+            self.accum_grad if self.average_accum else 1, 1,
             self.clip_grad_norm, self.weight_decay)
         self._collapse = CollapseWatch(values["floor_policy"], values["diagnose_after"],
                                        self._params, self.detector, policy,
                                        self._decider.agree_on_diagnosis, batch)
         self._meter = ScaleMeter(self.loss, self._params, policy, self._decider.gather,
-                                 values["gradient_stats_every"], values["scale"] == "auto")
-        self.steps = 0
-        self.updates = 0
-        self.skipped_steps = 0
+                                 values["gradient_stats_every"], values["scale"] == "auto",
+                                 _reduced_dtype(self._decider, self.loss))
+        self.steps = self.updates = self.skipped_steps = 0
         self.last_result: Optional[StepResult] = None
         # One update() at a time: a caller takes the token (list.pop() is atomic under the
         # GIL), and a second one finds none.
@@ -236,6 +234,8 @@ class _LossScalingUpdater(CollapseAttributes):
         watch = self._meter.growth_watch() if scaled else None
         watch_loss = self.schedule is not None and self.schedule.needs_loss
         self._forward_backward(recorder, seeds.at(scale), scale, losses, watch, fed)
+        if watch is not None:
+            self._meter.watch_own(watch)     # this rank's gradients, before the reduce
         # as the backward produced them
         stats = self._meter.statistics(index) if self._meter.stats_every else None
         skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses)
@@ -403,8 +403,21 @@ def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: 
         check_grads = overflow_check(updater.detector, updater.solver, updater._params,
                                      float32_cpu)
     float_only = updater._precision == "float" and updater.schedule is None
-    return agreement.decider(updater.comm, updater._params, updater.grads, shared_grads,
-                             float_only, check_grads, updater.detector.mode, batch, pack)
+    decider = agreement.decider(updater.comm, updater.loss, updater._params, updater.grads,
+                                shared_grads, float_only, check_grads, updater.detector.mode,
+                                batch, pack, updater.average_ranks)
+    agreement.warn_float16_reduction(decider[0].reduction, updater._precision,
+                                     updater.schedule is not None)
+    return decider
+
+
+def _reduced_dtype(decider, loss: "nn.Variable") -> Optional[str]:
+    """The dtype the step's all-reduce leaves the gradients of ``loss`` in; None without
+    one, or where they are reduced inside the backward pass (not seen before it)."""
+    reduction = getattr(decider, "reduction", None)
+    if reduction is None or decider.in_backward is not None:
+        return None
+    return reduction.dtype_after(graph.loss_dtype(loss))
 
 
 def _already_running(updater: _LossScalingUpdater) -> RuntimeError:

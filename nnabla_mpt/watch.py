@@ -447,14 +447,15 @@ class RangeWatch(BackwardHooks):
                 h = hash(v)
                 self._bound_of[h] = self._bound_of.get(h, 0.0) + passed
 
-    def add(self, arrays: List[Any]) -> "RangeWatch":
+    def add(self, arrays: List[Any], limit: float) -> "RangeWatch":
         """Watches ``arrays`` (nnabla NdArrays, the parameters' gradients) too, as they
-        are now, with no bound."""
+        are now, with no bound, against ``limit``: the largest value of the dtype they can
+        overflow in, whatever dtype their arrays hold now."""
         for a in arrays:
-            self._watch(a, math.inf)
+            self._watch(a, math.inf, limit)
         return self
 
-    def _watch(self, array: Any, bound: float) -> None:
+    def _watch(self, array: Any, bound: float, limit: Optional[float] = None) -> None:
         name = dtype_name(array)
         if name not in FLOATS or array.size == 0:
             return
@@ -462,7 +463,7 @@ class RangeWatch(BackwardHooks):
         import nnabla.functions as F
         with nn.context_scope(self._ctx):
             self._maxima.append(F.reshape(F.max(F.abs(array)), (1,)))
-        self._limits.append(FLOATS[name].max)
+        self._limits.append(FLOATS[name].max if limit is None else limit)
         self._bounds.append(bound)
 
     def read(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

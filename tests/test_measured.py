@@ -434,7 +434,7 @@ def test_gradients_bounded_by_the_seed_only_have_to_fit():
     scale = 4096.0
     loss.forward(clear_no_need_grad=False)
     watch = RangeWatch(loss, graph.float_context(loss)).run(loss, scale)
-    watch.add([v.grad for v in net.params.values()])
+    watch.add([v.grad for v in net.params.values()], 65504.0)
     maxima, limits, bounds = watch.read()
     assert sorted(bounds[np.isfinite(bounds)]) == [1.0, 1.0]     # the CE's output, logits
     assert maxima[np.isfinite(bounds)].max() == scale            # the summed losses' inputs

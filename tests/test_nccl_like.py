@@ -1,0 +1,95 @@
+"""The updaters with nnabla's NCCL communicator, through a stand-in on the CPU
+(``mpi_workers/standins.py``: ``NcclLikeCommunicator`` casts every array it reduces to
+its dtype, sums in that dtype, and runs one MPI check per array and one NCCL call per
+array in place), and averaging over ranks with MPICommunicator, under real ``mpiexec``.
+"""
+import logging
+
+import numpy as np
+import pytest
+
+from mpi_helpers import check_ok, load_ranks, run_mpi
+from mpi_workers.standins import NcclLikeCommunicator
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from support import Net
+
+
+def _run(n, case, tmp_path):
+    check_ok(run_mpi(n, "nccl_like.py", tmp_path, case))
+    return load_ranks(tmp_path, n)
+
+
+def test_a_float16_reduction_reports_the_ranks_mean_loss(tmp_path):
+    ranks = _run(2, "loss", tmp_path)
+    own = np.array([meta["own"] for _, meta in ranks])
+    assert np.isfinite(own).all() and (own > 3e4).all()
+    assert (own.sum(axis=0) > 65504).all()           # their float16 sum: inf
+    for _, meta in ranks:
+        np.testing.assert_allclose(meta["reported"], own.mean(axis=0), rtol=1e-6)
+
+
+def test_different_models_are_refused_on_every_rank_through_a_float16_reduction(tmp_path):
+    ranks = _run(2, "model", tmp_path)
+    for _, meta in ranks:
+        assert meta["error"] is not None and "rank(s) 1 differ" in meta["error"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_packed_step_trains_as_mpi_communicator_does(n, tmp_path):
+    ranks = _run(n, "packed", tmp_path)
+    for arrays, meta in ranks:
+        assert meta["nccl"] == meta["mpi"]
+        assert any(skipped for _, skipped in meta["mpi"])     # the scale moved both ways
+        for key, value in arrays.items():
+            if key.startswith("nccl/"):
+                mpi = arrays["mpi/" + key.split("/", 1)[1]]
+                assert value.tobytes() == mpi.tobytes(), key
+    first = ranks[0][0]
+    for arrays, _ in ranks[1:]:
+        for key in first:
+            assert arrays[key].tobytes() == first[key].tobytes(), key
+
+
+def test_averaged_ranks_on_identical_batches_decide_as_one_process(tmp_path):
+    """Two ranks whose gradients are identical average to those gradients: the sum must
+    not overflow float16 where one process's gradients do not."""
+    ranks = _run(2, "average", tmp_path)
+    for arrays, meta in ranks:
+        assert meta["ranks"] == meta["alone"]
+        assert any(skipped for _, skipped in meta["alone"])    # the scale reached its edge
+        for key, value in arrays.items():
+            if key.startswith("ranks/"):
+                assert value.tobytes() == arrays["alone/" + key.split("/", 1)[1]].tobytes()
+
+
+def _counted(comm, steps, skip_at=(), **options):
+    net = Net("half", hidden=4)
+    net.bad = set(skip_at)           # an inf in the batch: the step is skipped
+    updater = FixedLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=8.0,
+                                      comm=comm, **options)
+    counts = []
+    for _ in range(steps):
+        before = (comm.n_calls, comm.n_checks, comm.n_nccl)
+        r = updater.update()
+        counts.append((r.skipped,) + tuple(a - b for a, b in zip(
+            (comm.n_calls, comm.n_checks, comm.n_nccl), before)))
+    return counts
+
+
+def test_a_step_is_one_collective_call_on_nnabla_s_communicator():
+    """nnabla's communicator runs an MPI check per array it is given: a step hands it one
+    array (the gradients and the flags packed), a skipped step one more (the votes)."""
+    counts = _counted(NcclLikeCommunicator("float16"), 4, skip_at={2})
+    assert counts == [(False, 1, 1, 1), (False, 1, 1, 1), (True, 2, 2, 2),
+                      (False, 1, 1, 1)]
+
+
+def test_a_float16_reduction_of_a_float_graph_warns_once(caplog):
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net("float")
+    DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                              comm=NcclLikeCommunicator("float16"))
+    DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                              comm=NcclLikeCommunicator("float32"))
+    warned = [r.getMessage() for r in caplog.records if "reduces in float16" in r.getMessage()]
+    assert len(warned) == 1 and "float32 graph" in warned[0]
