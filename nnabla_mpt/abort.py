@@ -2,15 +2,18 @@
 waiting in a collective forever.
 
 :func:`install_excepthook` sets, once per process, a :data:`sys.excepthook` that prints
-the traceback as usual and then aborts the job through the communicator it was given;
-:func:`abort_job` aborts it on request. Both end in :func:`hard_abort`, which calls
-``MPI_Abort`` and makes sure the calling rank never runs on.
-:class:`nnabla_mpt.MPICommunicator` uses them for ``abort_on_exception=`` and ``abort()``.
+the traceback as usual and then aborts the job through the callable it was given;
+:func:`abort_job` aborts it on request. Both end in :func:`hard_abort`, which calls that
+callable (``MPI_Abort``) and makes sure the calling rank never runs on.
+:class:`nnabla_mpt.MPICommunicator` uses them for ``abort_on_exception=`` and ``abort()``
+(through mpi4py's ``Comm.Abort``); :func:`updater_comm` does what the updaters'
+``abort_on_exception`` option does with another communicator, such as nnabla's, that
+offers ``abort()``.
 """
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -18,21 +21,23 @@ from nnabla.logger import logger
 
 _GRACE_SECONDS = 0.2
 
-# The communicator that the process-wide exception hook aborts; set by the first
+# (communicator, abort, how) of the process-wide exception hook; set by the first
 # install_excepthook() call.
-_hook_comm = None
+_hook = None
 
 
-def install_excepthook(comm: Any) -> None:
-    """Make an uncaught exception abort the job of ``comm`` (an ``MPICommunicator``).
+def install_excepthook(comm: Any, abort: Callable[[int], Any], how: str) -> None:
+    """Make an uncaught exception end the job of ``comm`` (which has ``rank`` and
+    ``size``): the hook calls ``abort(1)`` through :func:`hard_abort`, after logging
+    which rank raised and ``how`` the job is aborted.
 
     Only the first call has an effect: the hook aborts through the first communicator
     given, and the exception hook in place before it still prints the traceback.
     """
-    global _hook_comm
-    if _hook_comm is not None:
+    global _hook
+    if _hook is not None:
         return
-    _hook_comm = comm
+    _hook = (comm, abort, how)
     if sys.excepthook is not _abort_excepthook:
         _abort_excepthook.previous = sys.excepthook
         sys.excepthook = _abort_excepthook
@@ -44,12 +49,41 @@ def _abort_excepthook(exc_type, exc, tb):
     try:
         previous(exc_type, exc, tb)
     finally:
-        comm = _hook_comm
-        if comm is None or comm.size == 1:  # nobody else can be left waiting
-            return
-        logger.error("rank %d of %d raised %s; aborting the MPI job (error code 1)",
-                     comm.rank, comm.size, exc_type.__name__)
-        hard_abort(comm.comm, 1)
+        if _hook is not None:
+            comm, abort, how = _hook
+            if comm.size > 1:    # with one rank nobody else can be left waiting
+                logger.error("rank %d of %d raised %s; aborting the MPI job (%s)",
+                             comm.rank, comm.size, exc_type.__name__, how)
+                hard_abort(abort, 1)
+
+
+def updater_comm(comm: Any, abort_on_exception: bool) -> Any:
+    """An updater's ``comm``, once its ``abort_on_exception`` option has done what it asks.
+
+    An :class:`~nnabla_mpt.MPICommunicator` installed the hook itself, or not, as its own
+    ``abort_on_exception`` said; the updater's ``False`` contradicting its ``True`` is
+    refused. Another communicator (nnabla's) with a callable ``abort()`` and more than
+    one rank gets the hook, aborting through ``comm.abort()``, unless the option is False.
+
+    Raises:
+        ValueError: ``abort_on_exception=False`` with an MPICommunicator that aborts on an
+            exception.
+    """
+    if comm is None:
+        return None
+    from .communicator import MPICommunicator
+    if isinstance(comm, MPICommunicator):
+        if comm.abort_on_exception and not abort_on_exception:
+            raise ValueError(
+                "abort_on_exception=False cannot be honoured with an MPICommunicator "
+                "made with abort_on_exception=True: its exception hook is installed "
+                "already; pass MPICommunicator(abort_on_exception=False) instead")
+        return comm
+    abort = getattr(comm, "abort", None)
+    if abort_on_exception and callable(abort) and comm.size > 1:
+        install_excepthook(comm, lambda errorcode: abort(),
+                           f"{type(comm).__name__}.abort()")
+    return comm
 
 
 def abort_job(comm: Any, errorcode: Any) -> None:
@@ -60,22 +94,24 @@ def abort_job(comm: Any, errorcode: Any) -> None:
                         f"{errorcode!r}")
     logger.error("rank %d of %d aborts the MPI job (error code %d)", comm.rank, comm.size,
                  int(errorcode))
-    hard_abort(comm.comm, int(errorcode))
+    hard_abort(comm.comm.Abort, int(errorcode))
 
 
-def hard_abort(mpi_comm: Any, errorcode: int) -> None:
-    """``MPI_Abort`` and never return.
+def hard_abort(abort: Callable[[int], Any], errorcode: int) -> None:
+    """``abort(errorcode)`` (``MPI_Abort``: mpi4py's ``Comm.Abort``, or the ``abort()`` of
+    nnabla's communicator) and never return.
 
     Some MPI implementations (MPICH among them) return from ``MPI_Abort`` after asking the
     launcher to kill the job; the calling rank must not run on meanwhile (for example into
-    a collective its peers never reach, or into writing a checkpoint), so it exits at once.
+    a collective its peers never reach, or into writing a checkpoint), so it exits at once,
+    also if ``abort`` raised.
     """
     _flush_std_streams()
     # Give the launcher a moment to forward what this rank just wrote (the traceback):
     # the abort kills the processes that relay the output.
     time.sleep(_GRACE_SECONDS)
     try:
-        mpi_comm.Abort(errorcode)
+        abort(errorcode)
     finally:
         os._exit(errorcode)
 

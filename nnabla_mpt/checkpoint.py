@@ -47,16 +47,24 @@ def _gathered(params: Mapping[str, Any], solver,
     """The archive's arrays, ``meta`` included."""
     arrays: Dict[str, np.ndarray] = {}
     for name, v in params.items():
-        arrays[f"param/{name}"] = np.array(v.d, copy=True)
+        arrays[f"param/{name}"] = _copied(v)
     solver_meta = {}
     for name, st in solver.get_states().items():
         solver_meta[name] = {"t": int(st.t), "keys": sorted(st.pstate)}
         for key, var in st.pstate.items():
-            arrays[f"solver/{name}/{key}"] = np.array(var.d, copy=True)
+            arrays[f"solver/{name}/{key}"] = _copied(var)
     meta = {"format": FORMAT, "version": VERSION, "updater": dict(updater_state),
             "solver": solver_meta, "params": list(params)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     return arrays
+
+
+def _copied(v: Any) -> np.ndarray:
+    """A host copy of Variable ``v``'s data, in the dtype it holds, that leaves the array
+    where it is: ``get_data("r")`` reads without the cast of ``v.d``, which makes the host
+    copy the array's only one (on a GPU it frees the device copy, uploaded again at the
+    next use; on the CPU it drops the float16 copy a half-precision pass made)."""
+    return np.array(v.data.get_data("r"), copy=True)
 
 
 def load(path: str, params: Mapping[str, Any], solver,

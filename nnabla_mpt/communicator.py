@@ -110,6 +110,8 @@ class MPICommunicator(AllReduceCallback):
         n_collectives (int): Number of MPI collective operations issued so far by the
             methods of this object (barriers included; the constructor's set-up is not
             counted).
+        abort_on_exception (bool): The constructor's ``abort_on_exception``: whether this
+            communicator asked for the exception hook (changing it later changes nothing).
 
     Example:
         Run with ``mpiexec -n 2 python train.py``::
@@ -131,9 +133,7 @@ class MPICommunicator(AllReduceCallback):
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
         comm = _checked_comm(MPI, comm)
-        self._comm = comm
-        self._rank = comm.Get_rank()
-        self._size = comm.Get_size()
+        self._comm, self._rank, self._size = comm, comm.Get_rank(), comm.Get_size()
         self._local_rank, self._local_size = _rank_on_machine(MPI, comm)
         algorithm = _resolved_algorithm(algorithm, self._local_size, self._size)
         self._algorithm = algorithm
@@ -146,11 +146,10 @@ class MPICommunicator(AllReduceCallback):
         self._host_ctx = get_extension_context("cpu")
         self._windows = shared_grads.GradientWindows(MPI, comm, self._host_ctx)
         self._deferred = DeferredAllReduce(self)
-        self.n_all_reduce_calls = 0
-        self.n_bcast_calls = 0
-        self.n_collectives = 0
+        self.n_all_reduce_calls = self.n_bcast_calls = self.n_collectives = 0
+        self.abort_on_exception = abort_on_exception
         if abort_on_exception:
-            install_excepthook(self)
+            install_excepthook(self, comm.Abort, "error code 1")
 
     # ------------------------------------------------------------------ properties
     @property

@@ -246,6 +246,19 @@ COMMON = (
            "and the gradients fit in the machine's shared memory (a warning says when "
            "they do not); ``True``: require it (``ValueError`` naming the reason where it "
            "cannot be done); ``False``: never.", _optional(check.boolean)),
+    Option("abort_on_exception", True, bool,
+           "With a communicator other than an :class:`MPICommunicator` that has a callable "
+           "``abort()`` (nnabla's ``MultiProcessDataParallelCommunicator``) and more than "
+           "one rank: install a :data:`sys.excepthook` that prints the traceback, logs "
+           "which rank raised and calls ``comm.abort()`` (``MPI_Abort``), so that a rank "
+           "that raises ends the job instead of leaving the others waiting in a "
+           "collective; the rank exits even if ``abort()`` returns. The hook is "
+           "process-wide and only the first one installed (by an updater or an "
+           "MPICommunicator) takes effect; False keeps this updater from installing it. "
+           "With an :class:`MPICommunicator` the communicator's own "
+           "``abort_on_exception`` rules: True has no effect of its own, and False is "
+           "refused (``ValueError``) when the communicator was made with True (its hook is "
+           "in place already). See :doc:`distributed`.", check.boolean),
 )
 
 

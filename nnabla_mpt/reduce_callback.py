@@ -114,7 +114,7 @@ class DeferredAllReduce:
                          f"armed by all_reduce_callback() failed inside nnabla's solver "
                          f"hook, where an error cannot stop the solver; aborting the MPI "
                          f"job (error code 1)\n{traceback.format_exc()}")
-            hard_abort(self._comm.comm, 1)
+            hard_abort(self._comm.comm.Abort, 1)
         finally:
             self._pending = False    # after the reduce: never a second one for this pass
             self._reduced = True

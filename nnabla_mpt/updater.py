@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import nnabla as nn
 from nnabla.logger import logger
 
-from . import agreement, checkpoint, graph, options, updater_state
+from . import abort, agreement, checkpoint, graph, options, updater_state
 from .collapse import CollapseAttributes, CollapseWatch
 from .detector import BatchCheck, OverflowDetector, overflow_check
 from .gradient_stats import GradientStats
@@ -117,7 +117,7 @@ class _LossScalingUpdater(CollapseAttributes):
         self.clear_buffer = values["clear_buffer"]
         self.accum_grad = values["accum_grad"]
         self.weight_decay = values["weight_decay"]
-        self.comm = values["comm"]
+        self.comm = abort.updater_comm(values["comm"], values["abort_on_exception"])
         self.grads = options.exchanged_grads(values, self._params)
         self.detector = OverflowDetector(values["overflow_mode"])
         self._check_enabled = values.get("enable_overflow_check", True)

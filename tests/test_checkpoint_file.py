@@ -312,3 +312,38 @@ def test_saving_through_a_symlink_replaces_the_link_target(tmp_path):
         updater.load_checkpoint(tmp_path / "real" / "ckpt.npz")
         assert updater.steps == steps
         updater.update()
+
+
+# -- reading: a save copies the arrays without moving them ---------------------------------
+
+def test_a_save_copies_the_arrays_without_dropping_their_other_copies(tmp_path):
+    # Reading NdArray.data (.d) casts the array to the host and makes that its only copy:
+    # on a GPU the device copy is freed and uploaded again at the next use. The CPU has no
+    # device copy to show; what it shows is the same cast dropping the float16 copy that a
+    # half-precision forward pass converted each float32 parameter into. A save reads with
+    # get_data("r"), which copies and drops nothing.
+    net = Net("half", hidden=3)
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=32.0)
+    for _ in range(3):
+        updater.update()
+    net.loss.forward()      # an evaluation pass: every parameter gets its float16 copy again
+    params = solver.get_parameters()
+    halves = {k: v.data.get_data("r", np.float16) for k, v in params.items()}
+    heads = {k: (v.data.dtype, v.grad.dtype) for k, v in params.items()}
+    path = tmp_path / "ckpt.npz"
+    updater.save_checkpoint(path)
+    for k, v in params.items():
+        assert v.data.get_data("r", np.float16).ctypes.data == halves[k].ctypes.data, (
+            f"{k}: the save dropped the parameter's float16 copy")
+        assert (v.data.dtype, v.grad.dtype) == heads[k] == (np.float32, np.float32)
+    with np.load(path) as saved:
+        for k, v in params.items():
+            values = v.data.get_data("r")
+            assert saved[f"param/{k}"].dtype == values.dtype
+            assert saved[f"param/{k}"].tobytes() == values.tobytes(), k
+        for name, st in solver.get_states().items():
+            for key, var in st.pstate.items():
+                values = var.data.get_data("r")
+                assert saved[f"solver/{name}/{key}"].dtype == values.dtype
+                assert saved[f"solver/{name}/{key}"].tobytes() == values.tobytes()

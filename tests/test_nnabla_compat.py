@@ -174,12 +174,13 @@ def test_positional_arguments_are_pinned():
 def test_every_option_is_keyword_only_documented_and_known(cls):
     params = inspect.signature(cls).parameters
     keyword = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY]
-    assert "floor_policy" in keyword and "shared_grads" in keyword
+    assert {"floor_policy", "shared_grads", "abort_on_exception"} <= set(keyword)
     for name in list(params)[2:]:
         assert f"\n        {name}: " in cls.__doc__, f"{name} is not documented"
     net = Net()
     with pytest.raises(TypeError, match=r"got an unexpected keyword argument 'scael'; "
-                                        r"valid ones: data_feeder, scale, .*shared_grads$"):
+                                        r"valid ones: data_feeder, scale, .*shared_grads, "
+                                        r"abort_on_exception$"):
         cls(net.solver(), net.loss, scael=2.0)
     with pytest.raises(TypeError, match=r"got multiple values for argument 'scale'"):
         cls(net.solver(), net.loss, None, 2.0, scale=4.0)
