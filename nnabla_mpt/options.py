@@ -258,7 +258,7 @@ COMMON = (
            "With an :class:`MPICommunicator` the communicator's own "
            "``abort_on_exception`` rules: True has no effect of its own, and False is "
            "refused (``ValueError``) when the communicator was made with True (its hook is "
-           "in place already). See :doc:`distributed`.", check.boolean),
+           "in place already). See :doc:`gpu`.", check.boolean),
 )
 
 

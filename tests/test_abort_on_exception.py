@@ -1,9 +1,9 @@
 """A rank that raises ends the job also under a communicator other than MPICommunicator.
 
 nnabla's ``MultiProcessDataParallelCommunicator`` needs CUDA, so the MPI tests use
-``StandInCommunicator`` (tests/mpi_workers/stand_in_comm.py): no MPICommunicator, it
-reproduces only two documented behaviours of nnabla's communicator, ``all_reduce`` (a
-real mpi4py Allreduce of the arrays, in place) and ``abort()`` (``MPI_Abort`` on the world
+``NcclLikeCommunicator`` (tests/mpi_workers/standins.py): no MPICommunicator, it
+reproduces only documented behaviours of nnabla's communicator, among them
+``all_reduce`` (over real MPI processes) and ``abort()`` (``MPI_Abort`` on the world
 communicator, as nnabla's C++ communicator calls it). Without the updater's exception hook
 the other ranks would wait in the step's all-reduce forever; the launch is bounded by
 ``run_mpi``'s timeout, so that hang fails the test instead of the suite.
@@ -33,7 +33,7 @@ def test_a_rank_that_raises_ends_the_job_through_the_communicators_abort(tmp_pat
     assert elapsed < 30, f"the job took {elapsed:.1f} s to end"
     assert f"RuntimeError: data loader failed on rank {raising} at step 3" in result.stderr
     assert (f"rank {raising} of {n} raised RuntimeError; aborting the MPI job "
-            f"(StandInCommunicator.abort())") in result.stderr
+            f"(NcclLikeCommunicator.abort())") in result.stderr
     # every rank completed steps 0-2, none got past the failed step
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         f"rank{r}_step{i}" for r in range(n) for i in range(3))

@@ -1,5 +1,6 @@
-"""MPI worker: the updater with a communicator that is not an MPICommunicator, standing in
-for nnabla's ``MultiProcessDataParallelCommunicator`` (CUDA only, so not available here).
+"""MPI worker: the updater with a communicator that is not an MPICommunicator, the stand-in
+for nnabla's ``MultiProcessDataParallelCommunicator`` (CUDA only, so not available here):
+``standins.NcclLikeCommunicator``, whose ``abort()`` is ``MPI_Abort``.
 
 Usage: mpiexec -n N python stand_in_comm.py OUTDIR MODE [ARGS]
 
@@ -22,38 +23,11 @@ import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 
 from nnabla_mpt import DynamicLossScalingUpdater
-
-
-class StandInCommunicator:
-    """Reproduces two documented behaviours of nnabla's MultiProcessDataParallelCommunicator
-    and nothing more: ``all_reduce(data, division, inplace)`` sums the arrays over the
-    ranks in place (divided by the number of ranks with ``division``), and ``abort()``
-    calls ``MPI_Abort`` on the world communicator. It is no MPICommunicator, so it brings
-    no exception hook of its own."""
-
-    name = "StandInCommunicator"
-
-    def __init__(self):
-        self._world = MPI.COMM_WORLD
-        self.rank = self.local_rank = self._world.Get_rank()
-        self.size = self._world.Get_size()
-
-    def all_reduce(self, data, division=False, inplace=False, group="world"):
-        for array in (data if isinstance(data, (list, tuple)) else [data]):
-            mine = np.ascontiguousarray(array.data)
-            total = np.empty_like(mine)
-            self._world.Allreduce(mine, total, op=MPI.SUM)
-            array.data = total / self.size if division else total
-
-    def barrier(self):
-        self._world.Barrier()
-
-    def abort(self):
-        self._world.Abort(1)
+from standins import NcclLikeCommunicator
 
 
 outdir, mode, args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
-comm = StandInCommunicator()
+comm = NcclLikeCommunicator("float32", MPI.COMM_WORLD)
 rank = comm.rank
 nn.random.seed(0)        # the same initial parameters on every rank
 x, t = nn.Variable((4, 6)), nn.Variable((4, 3))
