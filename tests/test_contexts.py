@@ -14,6 +14,7 @@ import sys
 import nnabla as nn
 import pytest
 
+from mpi_workers.standins import NcclLikeCommunicator
 from nnabla_mpt import DynamicLossScalingUpdater, graph
 from support import Net, assert_bitwise_equal, context
 
@@ -84,14 +85,17 @@ class _ContextsEntered:
         sys.setprofile(None)
 
 
+@pytest.mark.parametrize("comm", [None, "float32", "float16"])
 @pytest.mark.parametrize("type_config", ["half", "float"])
-def test_every_context_the_updater_enters_keeps_the_loss_device(type_config):
+def test_every_context_the_updater_enters_keeps_the_loss_device(type_config, comm):
+    """Also where the step is packed for nnabla's communicator (its stand-in)."""
     base = context(type_config)
     net = Net(ctx=nn.Context(list(base.backend), base.array_class, "3"), hidden=4)
     with _ContextsEntered() as entered:
         updater = DynamicLossScalingUpdater(
             net.solver("Adam", alpha=1e-2), net.loss, net.feeder, scale="auto",
-            growth_mode="measured", N=2, gradient_stats_every=2)
+            growth_mode="measured", N=2, gradient_stats_every=2,
+            comm=None if comm is None else NcclLikeCommunicator(comm))
         results = [updater.update() for _ in range(6)]
     assert any(r.gradient_stats for r in results)
     assert len(entered.seen) > 10        # the reductions of the watch and the statistics
