@@ -137,3 +137,28 @@ class SquaredNorm:
             total += np.dot(g, g).item()
         return total
 
+
+class SaturationCheck(_GradientGraph):
+    """Whether a gradient of ``variables`` holds a value with ``|g| >= threshold`` or a
+    NaN: the saturation check of :class:`~nnabla_mpt.detector.OverflowDetector`, made in
+    one prebuilt graph in the float32 ``context`` and read once.
+
+    Per array, the smallest of ``|g| < threshold`` (1 or 0; 0 for a NaN too); the
+    smallest over the arrays is the one element read.
+    """
+
+    def __init__(self, variables: Sequence, threshold: float, context) -> None:
+        self._threshold = threshold
+        super().__init__(variables, context)
+
+    def _reduce(self, array):
+        import nnabla.functions as F
+        return F.min(F.less_scalar(F.abs(_variable(array)), self._threshold))
+
+    def _combine(self, parts: List):
+        import nnabla.functions as F
+        return parts[0] if len(parts) == 1 else F.min(F.stack(*parts))
+
+    def __call__(self) -> bool:
+        """Computes the check now; True when some gradient saturated."""
+        return self._read() < 1.0

@@ -402,7 +402,7 @@ def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: 
         float32_cpu = (updater.schedule is None
                        and graph.backend_of(updater.loss) == ["cpu:float"])
         check_grads = overflow_check(updater.detector, updater.solver, updater._params,
-                                     float32_cpu)
+                                     float32_cpu, graph.float_context(updater.loss))
     float_only = updater._precision == "float" and updater.schedule is None
     return agreement.decider(updater.comm, updater._params, updater.grads, shared_grads,
                              float_only, check_grads, updater.detector.mode, batch, pack)

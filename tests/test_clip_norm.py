@@ -1,5 +1,5 @@
-"""Global-norm clipping where the squared norm of the scaled gradients overflows, on real
-graphs (float16 on the CPU for the half ones).
+"""Global-norm clipping where the squared norm of the scaled gradients overflows, and the
+saturation check, on real graphs (float16 on the CPU for the half ones).
 
 The reference of a clipped step reads the scaled gradients the graph produces for the
 step's batch (the same forward and backward pass the updater runs), then in float64:
@@ -13,7 +13,7 @@ import nnabla as nn
 import nnabla.functions as F
 import nnabla.solvers as S
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowDetector
 from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, context,
                      solver_states)
 
@@ -112,3 +112,22 @@ def test_a_norm_still_not_finite_unscaled_skips_the_step_as_an_overflow(size):
     assert_bitwise_equal({"w": w.d}, params)
     assert_states_bitwise_equal(solver_states(solver), states)
 
+
+@pytest.mark.parametrize("precision", ["half", "float"])
+def test_the_saturation_check_decides_at_the_threshold_as_the_numpy_check(precision):
+    # The gradient of w is x itself (scale 1): |g| >= 65504 or NaN saturates, the largest
+    # value below 65504 (65472 in float16, 65503.996 in float32) does not.
+    below = np.nextafter(np.float32(65504), np.float32(0))
+    if precision == "half":
+        below = 65472.0
+    values = [65504.0, -65504.0, below, -below, 1.0, np.nan, 70000.0]
+    solver, loss, x, _ = product_net(precision, np.ones(4))
+    updater = FixedLossScalingUpdater(solver, loss, scale=1.0, overflow_mode="saturation")
+    numpy_check = OverflowDetector("saturation")
+    decisions = []
+    for value in values:
+        x.d = np.array([1.0, value, 1.0, 1.0], dtype=np.float32)
+        skipped = updater.update().skipped
+        assert skipped == numpy_check.check(solver), value
+        decisions.append(skipped)
+    assert decisions == [True, True, False, False, False, True, True]

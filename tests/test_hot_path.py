@@ -136,19 +136,23 @@ def test_float_updater_uses_it_and_skips_the_bad_step():
 
 
 def test_the_summed_check_is_chosen_for_large_float32_cpu_gradients_in_inf_nan_mode():
+    from nnabla_mpt._gradsum import SaturationCheck
+
     solver, _, _ = net()
     params = solver.get_parameters()
-    assert isinstance(overflow_check(OverflowDetector(), solver, params, float32_cpu=True),
+    ctx = get_extension_context("cpu", type_config="float")
+    assert isinstance(overflow_check(OverflowDetector(), solver, params, True, ctx),
                       SummedInfNanCheck)
-    # not float32 on the CPU, or saturation mode, or only small arrays: another check
-    assert overflow_check(OverflowDetector(), solver, params, float32_cpu=False) \
+    # not float32 on the CPU, or saturation mode (a graph in the loss's float32 context),
+    # or only small arrays: another check
+    assert overflow_check(OverflowDetector(), solver, params, False, ctx) \
         == solver.check_inf_or_nan_grad
-    assert not isinstance(overflow_check(OverflowDetector("saturation"), solver, params,
-                                         float32_cpu=True), SummedInfNanCheck)
+    assert isinstance(overflow_check(OverflowDetector("saturation"), solver, params, True,
+                                     ctx), SaturationCheck)
     nn.clear_parameters()
     small_solver, _, _ = net(width=16)
     assert overflow_check(OverflowDetector(), small_solver, small_solver.get_parameters(),
-                          float32_cpu=True) == small_solver.check_inf_or_nan_grad
+                          True, ctx) == small_solver.check_inf_or_nan_grad
 
 
 @pytest.mark.parametrize("kind", ["half", "saturation", "small"])
