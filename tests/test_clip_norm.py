@@ -131,3 +131,18 @@ def test_the_saturation_check_decides_at_the_threshold_as_the_numpy_check(precis
         assert skipped == numpy_check.check(solver), value
         decisions.append(skipped)
     assert decisions == [True, True, False, False, False, True, True]
+
+
+def test_without_the_overflow_check_a_norm_not_finite_still_skips_the_step():
+    # No clip factor exists for such gradients: the step is skipped even where no
+    # overflow check runs (a fixed scale stays).
+    solver, loss, x, w = product_net("float", np.ones(4))
+    updater = FixedLossScalingUpdater(solver, loss, scale=4.0, clip_grad_norm=1.0,
+                                      enable_overflow_check=False)
+    x.d = np.array([2e37, 2e37, 1.0, 1.0], dtype=np.float32)
+    before = w.d.copy()
+    result = updater.update()
+    assert result.skipped and (result.scale, result.next_scale) == (4.0, 4.0)
+    assert w.d.tobytes() == before.tobytes()
+    x.d = np.ones(4, dtype=np.float32)
+    assert updater.update().updated and not np.array_equal(w.d, before)
