@@ -138,14 +138,10 @@ class SquaredNorm:
         return total
 
 
-class SaturationCheck(_GradientGraph):
-    """Whether a gradient of ``variables`` holds a value with ``|g| >= threshold`` or a
-    NaN: the saturation check of :class:`~nnabla_mpt.detector.OverflowDetector`, made in
-    one prebuilt graph in the float32 ``context`` and read once.
-
-    Per array, the smallest of ``|g| < threshold`` (1 or 0; 0 for a NaN too); the
-    smallest over the arrays is the one element read.
-    """
+class _SaturationGraph(_GradientGraph):
+    """1 when every element of the gradients of ``variables`` has ``|g| < threshold``,
+    else 0: per array the smallest of ``|g| < threshold`` (0 for a NaN too), then the
+    smallest over the arrays."""
 
     def __init__(self, variables: Sequence, threshold: float, context) -> None:
         self._threshold = threshold
@@ -159,6 +155,33 @@ class SaturationCheck(_GradientGraph):
         import nnabla.functions as F
         return parts[0] if len(parts) == 1 else F.min(F.stack(*parts))
 
+
+class SaturationCheck:
+    """Whether a gradient of ``variables`` holds a value with ``|g| >= threshold`` or a
+    NaN: the saturation check of :class:`~nnabla_mpt.detector.OverflowDetector`.
+
+    The arrays go through one prebuilt graph in the float32 ``context``, read once. With
+    ``numpy_min_size`` (for CPU contexts only), arrays of at least that many elements are
+    tested by NumPy instead, faster per element once the fixed cost of the read is paid.
+    """
+
+    def __init__(self, variables: Sequence, threshold: float, context,
+                 numpy_min_size: Optional[int] = None) -> None:
+        limit = numpy_min_size
+        small = [v for v in variables if limit is None or v.size < limit]
+        self._large = [v for v in variables if limit is not None and v.size >= limit]
+        self._graph = _SaturationGraph(small, threshold, context) if small else None
+        self._threshold = threshold
+
     def __call__(self) -> bool:
         """Computes the check now; True when some gradient saturated."""
-        return self._read() < 1.0
+        if self._graph is not None and self._graph._read() < 1.0:
+            return True
+        with np.errstate(invalid="ignore"):
+            return any(not (np.abs(v.g) < self._threshold).all() for v in self._large)
+
+
+def numpy_min_size(context) -> Optional[int]:
+    """The size from which the reductions here read an array into NumPy in ``context``:
+    ``NUMPY_MIN_SIZE`` on the CPU, None (never: the device's graph does it) elsewhere."""
+    return NUMPY_MIN_SIZE if context.backend[0].startswith("cpu:") else None

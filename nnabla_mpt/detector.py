@@ -83,13 +83,15 @@ def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object]
     updater knows from the graph) with large arrays, the same decision is made with a sum
     over those arrays, several times faster than the solver's element-wise test (see
     :class:`SummedInfNanCheck`). In saturation mode, one prebuilt graph in ``context``,
-    the float32 context of the device the gradients live on, compares the largest
-    ``|g|`` of every array with the threshold and is read once (see
+    the float32 context of the device the gradients live on, tests ``|g| < threshold``
+    for every element and is read once; on the CPU, arrays of at least
+    ``_gradsum.NUMPY_MIN_SIZE`` elements are tested by NumPy (see
     :class:`~nnabla_mpt._gradsum.SaturationCheck`).
     """
     if detector.mode != "inf_nan":
-        from ._gradsum import SaturationCheck
-        return SaturationCheck(list(params.values()), detector.threshold, context)
+        from ._gradsum import SaturationCheck, numpy_min_size
+        return SaturationCheck(list(params.values()), detector.threshold, context,
+                               numpy_min_size(context))
     if float32_cpu and any(v.size >= SUM_CHECK_MIN_SIZE for v in params.values()):
         return SummedInfNanCheck(params)
     return solver.check_inf_or_nan_grad

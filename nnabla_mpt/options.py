@@ -176,7 +176,7 @@ COMMON = (
            "Clip the unscaled gradients to this global L2 norm, or None. The norm is "
            "taken of the unscaled gradients, squared in float32 on the device they live "
            "on; a norm that is not finite even so (beyond about 1.8e19) is an overflow: "
-           "the step is skipped and the scale backs off (also with "
+           "the step is skipped and a dynamic scale backs off (also with "
            "``enable_overflow_check=False``).",
            _optional(_real(gt=0.0))),
     Option("max_retries", 0, int,

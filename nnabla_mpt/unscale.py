@@ -3,7 +3,7 @@ weight decay."""
 import math
 from typing import Mapping, Optional
 
-from ._gradsum import NUMPY_MIN_SIZE, SquaredNorm
+from ._gradsum import SquaredNorm, numpy_min_size
 
 
 class Unscaler:
@@ -70,7 +70,6 @@ class Unscaler:
         """Global L2 norm of the gradients of all the solver's parameters as they are now,
         squared and summed in float32 (inf beyond about 1.8e19)."""
         if self._squared_norm is None:
-            on_cpu = self._context.backend[0].startswith("cpu:")
             self._squared_norm = SquaredNorm(list(self._params.values()), self._context,
-                                             NUMPY_MIN_SIZE if on_cpu else None)
+                                             numpy_min_size(self._context))
         return math.sqrt(self._squared_norm.value())

@@ -14,6 +14,7 @@ import nnabla.functions as F
 import nnabla.solvers as S
 
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowDetector
+from nnabla_mpt._gradsum import SaturationCheck
 from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, context,
                      solver_states)
 
@@ -121,14 +122,18 @@ def test_the_saturation_check_decides_at_the_threshold_as_the_numpy_check(precis
     if precision == "half":
         below = 65472.0
     values = [65504.0, -65504.0, below, -below, 1.0, np.nan, 70000.0]
-    solver, loss, x, _ = product_net(precision, np.ones(4))
+    solver, loss, x, w = product_net(precision, np.ones(4))
     updater = FixedLossScalingUpdater(solver, loss, scale=1.0, overflow_mode="saturation")
     numpy_check = OverflowDetector("saturation")
+    # the check as the updater makes it (the graph, for small arrays), and as it makes it
+    # for large ones on the CPU (NumPy)
+    checks = [SaturationCheck([w], 65504.0, context("float"), size) for size in (None, 1)]
     decisions = []
     for value in values:
         x.d = np.array([1.0, value, 1.0, 1.0], dtype=np.float32)
         skipped = updater.update().skipped
         assert skipped == numpy_check.check(solver), value
+        assert [check() for check in checks] == [skipped, skipped], value
         decisions.append(skipped)
     assert decisions == [True, True, False, False, False, True, True]
 
