@@ -14,7 +14,6 @@ import nnabla.functions as F
 import nnabla.solvers as S
 
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowDetector
-from nnabla_mpt._gradsum import SaturationCheck
 from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, context,
                      solver_states)
 
@@ -118,6 +117,8 @@ def test_a_norm_still_not_finite_unscaled_skips_the_step_as_an_overflow(size):
 def test_the_saturation_check_decides_at_the_threshold_as_the_numpy_check(precision):
     # The gradient of w is x itself (scale 1): |g| >= 65504 or NaN saturates, the largest
     # value below 65504 (65472 in float16, 65503.996 in float32) does not.
+    from nnabla_mpt._gradsum import SaturationCheck
+
     below = np.nextafter(np.float32(65504), np.float32(0))
     if precision == "half":
         below = 65472.0
