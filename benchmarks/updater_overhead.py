@@ -14,12 +14,16 @@ times a block of steps; after the warm-up rounds the table reports the median st
 each contender and the median over rounds of the per-round ratios.
 
 With ``--with-clip`` a fourth contender, ours with ``clip_grad_norm`` (the global gradient
-norm computed every step), joins the rotation and the table adds its ratio to ours.
+norm computed every step), joins the rotation and the table adds its ratio to ours. The
+bound is ``--clip-bound`` (default 1e30, never reached; a small one clips every step).
+With ``--saturation`` every nnabla_mpt contender checks with ``overflow_mode="saturation"``.
 
 With ``--before REV`` another contender, ``before``, is nnabla_mpt as it was at the git
 revision ``REV`` (extracted into a temporary folder and imported as ``nnabla_mpt_before``):
 a change to the step loop is measured against the code before it in the same run, and the
-table adds the ratios ours/before and before/nnabla.
+table adds the ratios ours/before and before/nnabla. With ``--with-clip`` too, a contender
+``before+clip`` (the code at ``REV`` with ``clip_grad_norm``) runs as well, and the table
+adds the ratio ours+clip/before+clip.
 
 With ``--control`` another contender, ``again``, is a second copy of ours (the same code on
 its own copy of the model), run second from the end: where ours runs when the order is
@@ -33,8 +37,8 @@ others in orders shuffled by their number, and the rounds are split among the K 
 the medians then hold for several placements in memory, not for one.
 
 Usage:
-    .venv/bin/python benchmarks/updater_overhead.py [--rounds 60] [--with-clip] [--before REV]
-        [--control] [--layouts K]
+    .venv/bin/python benchmarks/updater_overhead.py [--rounds 60] [--with-clip]
+        [--clip-bound C] [--saturation] [--before REV] [--control] [--layouts K]
 """
 import argparse
 import io
@@ -66,6 +70,8 @@ from _machine import cpu_model  # noqa: E402
 from nnabla_mpt import DynamicLossScalingUpdater  # noqa: E402
 
 BeforeUpdater = None  # DynamicLossScalingUpdater of --before REV, when asked for
+CLIP_BOUND = 1e30     # clip_grad_norm of the clipping contenders (--clip-bound)
+OURS_OPTIONS = {}     # options of every nnabla_mpt contender (--saturation)
 
 BATCH = 64
 SCALE = 8.0
@@ -135,6 +141,9 @@ def _hand(spec, seed):
 
 
 def _updater(cls, scope, **options):
+    if cls is not NnablaUpdater:
+        options.update(OURS_OPTIONS)
+
     def make(spec, seed):
         loss, params = build(scope, spec, seed)
         return cls(make_solver(params), loss, feed, scale=SCALE, N=2000, **options).update, \
@@ -151,9 +160,12 @@ def contender_makers(with_clip=False, control=False):
         found.append(("before", _updater(BeforeUpdater, "before")))
     found.append(("nnabla", _updater(NnablaUpdater, "nnabla")))
     if with_clip:
-        # The norm is computed every step; the bound is never reached.
+        # The norm is computed every step; the default bound is never reached.
         found.append(("ours+clip", _updater(DynamicLossScalingUpdater, "clip",
-                                            clip_grad_norm=1e30)))
+                                            clip_grad_norm=CLIP_BOUND)))
+        if BeforeUpdater is not None:
+            found.append(("before+clip", _updater(BeforeUpdater, "bclip",
+                                                  clip_grad_norm=CLIP_BOUND)))
     if control:
         found.insert(len(found) - 1, ("again", _updater(DynamicLossScalingUpdater, "again")))
     return found
@@ -230,6 +242,9 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_bui
                                                                 times["nnabla"])))
     ratio_again = (statistics.median(o / a for o, a in zip(times["ours"], times["again"]))
                    if control else None)
+    if "before+clip" in times:      # ours+clip / before+clip, beside clip/ours
+        ratio_clip = (ratio_clip, statistics.median(
+            c / b for c, b in zip(times["ours+clip"], times["before+clip"])))
     return (n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip, ratio_before,
             ratio_again)
 
@@ -244,6 +259,12 @@ def _arguments(argv):
     parser.add_argument("--with-clip", action="store_true",
                         help="add a fourth contender: ours with clip_grad_norm (the global "
                              "norm computed every step)")
+    parser.add_argument("--clip-bound", type=float, default=1e30,
+                        help="clip_grad_norm of the clipping contenders (default 1e30: "
+                             "never reached)")
+    parser.add_argument("--saturation", action="store_true",
+                        help="every nnabla_mpt contender (ours, before, again, the clipping "
+                             "ones) checks with overflow_mode='saturation'")
     parser.add_argument("--clock", choices=list(CLOCKS), default="cpu",
                         help="cpu: CPU time of this process (default; robust when other "
                              "programs share the machine), wall: elapsed time")
@@ -271,7 +292,9 @@ def _print_header(args):
     """Prints the run's settings, the machine and the table's header."""
     layouts = f" over {args.layouts} builds" if args.layouts > 1 else ""
     order = "/".join(name for name, _ in contender_makers(args.with_clip, args.control))
-    print(f"# updater step time, float, batch {BATCH}, Momentum; {args.rounds} rounds{layouts} "
+    mode = ", overflow_mode='saturation'" if args.saturation else ""
+    print(f"# updater step time, float{mode}, batch {BATCH}, Momentum; {args.rounds} rounds"
+          f"{layouts} "
           f"(+{args.warmup} warm-up each) of interleaved blocks {order}, {args.clock} clock")
     print(f"# nnabla {nn.__version__}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs ({cpu_model()}), OMP_NUM_THREADS="
@@ -279,6 +302,7 @@ def _print_header(args):
     header = (f"{'model':<12} {'params':>9} {'arrays':>6} {'steps/blk':>9} {'hand ms':>8} "
               f"{'ours ms':>8} {'nnabla ms':>9} {'ours/hand':>9} {'ours/nnabla':>11}"
               + (f" {'clip ms':>8} {'clip/ours':>9}" if args.with_clip else "")
+              + (f" {'clip/bclip':>10}" if args.with_clip and args.before else "")
               + (f" {'before ms':>9} {'ours/before':>11} {'before/nnabla':>13}"
                  if args.before else "")
               + (f" {'ours/again':>10}" if args.control else ""))
@@ -286,10 +310,21 @@ def _print_header(args):
     print("-" * len(header))
 
 
+def _clip_columns(med, ratio_clip):
+    """The columns of the clipping contenders: ours+clip's time, clip/ours and, with
+    ``--before``, ours+clip/before+clip."""
+    if isinstance(ratio_clip, tuple):
+        return f" {med['ours+clip'] * 1e3:>8.3f} {ratio_clip[0]:>9.3f} {ratio_clip[1]:>10.3f}"
+    return f" {med['ours+clip'] * 1e3:>8.3f} {ratio_clip:>9.3f}"
+
+
 def main(argv=None):
     args = _arguments(argv)
-    global clock, BeforeUpdater
+    global clock, BeforeUpdater, CLIP_BOUND
     clock = CLOCKS[args.clock]
+    CLIP_BOUND = args.clip_bound
+    if args.saturation:
+        OURS_OPTIONS["overflow_mode"] = "saturation"
     if args.before:
         BeforeUpdater = import_before(args.before)
     logger.setLevel("WARNING")
@@ -300,7 +335,7 @@ def main(argv=None):
             reverse_build=args.reverse_build, control=args.control, layouts=args.layouts)
         print(f"{name:<12} {n_params:>9,} {n_arrays:>6} {n:>9} {med['hand'] * 1e3:>8.3f} "
               f"{med['ours'] * 1e3:>8.3f} {med['nnabla'] * 1e3:>9.3f} {rh:>9.3f} {rn:>11.3f}"
-              + (f" {med['ours+clip'] * 1e3:>8.3f} {rc:>9.3f}" if args.with_clip else "")
+              + (_clip_columns(med, rc) if args.with_clip else "")
               + (f" {med['before'] * 1e3:>9.3f} {rb[0]:>11.3f} {rb[1]:>13.3f}"
                  if rb else "")
               + (f" {ra:>10.3f}" if ra is not None else ""),

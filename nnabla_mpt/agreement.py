@@ -198,7 +198,7 @@ class ArrayList:
 
 
 def model_digest(params: Mapping[str, "nn.Variable"],
-                      grads: Optional[Sequence["nn.NdArray"]]) -> bytes:
+                 grads: Optional[Sequence["nn.NdArray"]]) -> bytes:
     """Six bytes naming the parameters a rank exchanges: names, shapes and order (the
     order ``grads`` gives them, when given)."""
     order = list(params.items())
@@ -245,7 +245,7 @@ def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
                                           shared_grads, float_only, pack is None, division)
     in_backward = None
     if pack is not None:
-        gradients = list(grads if grads is not None else (v.grad for v in params.values()))
+        gradients = exchanged_arrays(params, grads)
         in_backward = lambda: comm.all_reduce_callback(gradients, pack,  # noqa: E731
                                                        division=division)
     agreement = StepAgreement(comm, transport, flags, reduction, check, mode != "inf_nan",
@@ -262,14 +262,11 @@ def _transport(comm, reduction: exchange.Reduction, loss: "nn.Variable",
     where the gradients are reduced in the backward pass (not ``with_gradients``)."""
     from .communicator import MPICommunicator
 
+    flags = exchange.step_flags(comm, reduction, division)
     if with_gradients and not isinstance(comm, MPICommunicator):
-        dtype = graph.loss_dtype(loss)
-        flags = exchange.step_flags(comm, reduction, dtype, division)
-        arrays = list(grads if grads is not None else (v.grad for v in params.values()))
-        packed = PackedArrays(arrays, flags.length, graph.context_of(loss),
+        packed = PackedArrays(exchanged_arrays(params, grads), flags.length,
                               graph.float_context(loss))
         return packed, None, flags
-    flags = exchange.step_flags(comm, reduction, "float32", division)
     if not with_gradients:
         return ArrayList([], nn.NdArray((flags.length,))), None, flags
     arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only, flags.length)
@@ -317,8 +314,13 @@ def reduce_list(comm, params: Mapping[str, "nn.Variable"],
     if use_shared_grads(shared_grads, comm, grads, float_only, placed):
         shared = comm.share_grads(placed)
         return shared.arrays, shared   # kept current by shared.zero()
-    arrays = list(grads if grads is not None else (v.grad for v in params.values()))
-    return arrays + [flags.grad], None
+    return exchanged_arrays(params, grads) + [flags.grad], None
+
+
+def exchanged_arrays(params: Mapping[str, "nn.Variable"],
+                     grads: Optional[Sequence["nn.NdArray"]]) -> List["nn.NdArray"]:
+    """The arrays a step reduces: ``grads``, or the gradients of all of ``params``."""
+    return list(grads if grads is not None else (v.grad for v in params.values()))
 
 
 def use_shared_grads(shared_grads: Optional[bool], comm, grads, float_only: bool,

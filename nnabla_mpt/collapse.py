@@ -123,10 +123,13 @@ class CollapseWatch:
 
     def _log_skip(self, index: int, scale: float, next_scale: float,
                   loss_nonfinite: bool) -> None:
+        if not logger.isEnabledFor(logging.DEBUG):
+            return      # counting reads every gradient to the host
         bad = len(self._detector.nonfinite_params(self._params))
         what = "non-finite" if self._detector.mode == "inf_nan" else "saturated"
+        elsewhere = "" if bad else " here (another rank's, or the gradient norm is not finite)"
         logger.debug(f"nnabla_mpt: step {index} skipped: {bad} of {len(self._params)} "
-                     f"parameter gradients {what}; loss scale {scale:g} -> "
+                     f"parameter gradients {what}{elsewhere}; loss scale {scale:g} -> "
                      f"{next_scale:g}" + (" (kept: the loss itself is non-finite)"
                                           if loss_nonfinite else ""))
 

@@ -23,7 +23,10 @@ class OverflowDetector:
       finite gradients whose float32 sum overflows (beyond 3.4e38) are no overflow.
     * ``"saturation"``: additionally, a gradient value with ``|g| >= threshold`` (by default
       65504, the largest float16) is an overflow. This is for hardware whose float16
-      arithmetic saturates at the maximum instead of producing inf.
+      arithmetic saturates at the maximum instead of producing inf. :meth:`check` reads
+      the gradients into NumPy; the updaters make the same decision with one prebuilt
+      graph in the float32 context of the loss's device, read once a step (see
+      :func:`overflow_check`).
 
     Args:
         mode: ``"inf_nan"`` or ``"saturation"``.
@@ -72,19 +75,25 @@ class OverflowDetector:
 
 
 def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object],
-                   float32_cpu: bool) -> Callable[[], bool]:
+                   float32_cpu: bool, context) -> Callable[[], bool]:
     """The overflow check of the solver's gradients an updater calls every step.
 
-    The detector's check; in inf/NaN mode that is the solver's own test, called directly.
-    For gradients stored as float32 on the CPU (``float32_cpu``, which the updater knows
-    from the graph) in inf/NaN mode with large arrays, the same decision is made with a
-    sum over those arrays, several times faster than the solver's element-wise test (see
-    :class:`SummedInfNanCheck`).
+    The detector's decision. In inf/NaN mode that is the solver's own test, called
+    directly; for gradients stored as float32 on the CPU (``float32_cpu``, which the
+    updater knows from the graph) with large arrays, the same decision is made with a sum
+    over those arrays, several times faster than the solver's element-wise test (see
+    :class:`SummedInfNanCheck`). In saturation mode, one prebuilt graph in ``context``,
+    the float32 context of the device the gradients live on, tests ``|g| < threshold``
+    for every element and is read once; on the CPU, arrays of at least
+    ``_gradsum.NUMPY_MIN_SIZE`` elements are tested by NumPy (see
+    :class:`~nnabla_mpt._gradsum.SaturationCheck`).
     """
     if detector.mode != "inf_nan":
-        return lambda: detector.check(solver)
+        from ._gradsum import SaturationCheck, numpy_min_size
+        return SaturationCheck(list(params.values()), detector.threshold, context,
+                               numpy_min_size(context))
     if float32_cpu and any(v.size >= SUM_CHECK_MIN_SIZE for v in params.values()):
-        return SummedInfNanCheck(params)
+        return SummedInfNanCheck(params, context)
     return solver.check_inf_or_nan_grad
 
 
@@ -112,17 +121,19 @@ class SummedInfNanCheck:
 
     Args:
         params: Mapping name -> ``nnabla.Variable``: the parameters whose gradients to check.
+        context: The float32 context of the graph's device (a CPU one), where the sum runs.
         min_size: Arrays with at least this many elements are checked through the sum.
     """
 
-    def __init__(self, params: Dict[str, object], min_size: int = SUM_CHECK_MIN_SIZE) -> None:
+    def __init__(self, params: Dict[str, object], context,
+                 min_size: int = SUM_CHECK_MIN_SIZE) -> None:
         from ._gradsum import GradientSum
 
         large = {name: v for name, v in params.items() if v.size >= min_size}
         self._small_solver = _solver_of({name: v for name, v in params.items()
                                          if name not in large})
         self._large_solver = _solver_of(large)     # confirms a non-finite sum
-        self._sum = GradientSum(list(large.values())) if large else None
+        self._sum = GradientSum(list(large.values()), context) if large else None
 
     def __call__(self) -> bool:
         """True when a gradient holds inf or NaN."""

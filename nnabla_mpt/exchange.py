@@ -151,9 +151,9 @@ class SlottedFlags:
         return bool(reduced[0] > 0.0), float(losses.mean())
 
 
-def step_flags(comm, reduction: Reduction, carrier_dtype: str, divided: bool):
-    """The flags' codec of a step whose flags travel in an array of ``carrier_dtype``
-    through ``comm``: in byte slots where either is float16."""
-    if reduction.float16 or carrier_dtype == "float16":
+def step_flags(comm, reduction: Reduction, divided: bool):
+    """The flags' codec of a step whose flags travel in a float32 array through ``comm``:
+    in byte slots where ``comm`` reduces in float16."""
+    if reduction.float16:
         return SlottedFlags(comm.rank, comm.size, divided)
     return SummedFlags(comm.size, divided)

@@ -10,13 +10,6 @@ def backend_of(loss) -> List[str]:
     return [] if parent is None else list(parent.context.backend)
 
 
-def context_of(loss):
-    """The context of the function producing ``loss`` (nnabla's current one for a leaf)."""
-    import nnabla as nn
-    parent = loss.parent
-    return nn.get_current_context() if parent is None else parent.context
-
-
 def type_config_of(loss) -> str:
     """The type configuration nnabla runs the graph of ``loss`` in (``"half"``,
     ``"float"``, ...): that of the first backend of the loss's context that nnabla has

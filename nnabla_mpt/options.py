@@ -173,7 +173,11 @@ COMMON = (
            "``\"inf_nan\"`` or ``\"saturation\"`` (see :class:`OverflowDetector`).",
            _choice("inf_nan", "saturation")),
     Option("clip_grad_norm", None, Optional[float],
-           "Clip the unscaled gradients to this global L2 norm, or None.",
+           "Clip the unscaled gradients to this global L2 norm, or None. The norm is "
+           "taken of the unscaled gradients, squared in float32 on the device they live "
+           "on; a norm that is not finite even so (beyond about 1.8e19) is an overflow: "
+           "the step is skipped and a dynamic scale backs off (also with "
+           "``enable_overflow_check=False``).",
            _optional(_real(gt=0.0))),
     Option("max_retries", 0, int,
            "Retry mode: after a skipped step, run up to this many more steps on new "

@@ -5,11 +5,14 @@ nnabla's NCCL communicator, given a list of arrays in place, runs for each array
 blocking MPI all-reduce (was it written?) and one NCCL all-reduce: ``2 (P + 1)``
 collectives a step for ``P`` gradients and the flags (out of place, still one MPI check
 per array). :class:`PackedArrays` lays the gradients and the step's flags end to end in
-one buffer with nnabla functions on the loss's device (one concatenation, in the
-gradients' dtype), so the communicator gets one array: one MPI check and one NCCL call a
-step. After the reduction each gradient is copied back from its part of the buffer into
-its own array (a slice each, in the float32 context, so that what a float32 reduction
-holds stays float32), and the flags are read back, one small host read.
+one float32 buffer with nnabla functions on the loss's device (one concatenation;
+float16 gradients are exact in it, and so are the float32 ones of a precision schedule's
+full-precision phase), so the communicator gets one array: one MPI check and one NCCL
+call a step. The communicator reduces it in its own dtype, as it would each gradient
+(one made from a half context casts it to float16). After the reduction each gradient is
+copied back from its part of the buffer into its own array (a slice each, in float32, so
+that what a float32 reduction holds stays float32), and the flags are read back, one
+small host read.
 
 :class:`~nnabla_mpt.MPICommunicator` fuses the arrays of a call itself (and on float
 graphs sums the gradients where they lie), so it is handed the list.
@@ -20,12 +23,7 @@ import numpy as np
 
 import nnabla as nn
 
-
-def variable_over(array: "nn.NdArray") -> "nn.Variable":
-    """A Variable whose data is ``array`` (no copy)."""
-    v = nn.Variable(array.shape, need_grad=False)
-    v.data = array
-    return v
+from ._gradsum import variable_over
 
 
 class PackedArrays:
@@ -35,24 +33,21 @@ class PackedArrays:
         arrays: The arrays to reduce (the gradients), which keep their places.
         flags_length: Elements of the flags (``exchange.SummedFlags`` or
             ``exchange.SlottedFlags``).
-        pack_ctx: The context the buffer is made in: the loss's own (its device, its
-            dtype).
-        unpack_ctx: The float32 context of the loss's device, where the parts are copied
-            back.
+        ctx: The float32 context of the loss's device
+            (:func:`nnabla_mpt.graph.float_context`), where the buffer is made and the
+            parts are copied back.
     """
 
-    def __init__(self, arrays: Sequence["nn.NdArray"], flags_length: int, pack_ctx,
-                 unpack_ctx) -> None:
+    def __init__(self, arrays: Sequence["nn.NdArray"], flags_length: int, ctx) -> None:
         import nnabla.functions as F
 
         arrays = [a for a in arrays if a.size]
         self._flags = nn.Variable((flags_length,), need_grad=False)
-        with nn.context_scope(pack_ctx), nn.auto_forward(False):
+        with nn.context_scope(ctx), nn.auto_forward(False):
             self._buffer = F.concatenate(
                 *[F.reshape(variable_over(a), (a.size,)) for a in arrays], self._flags, axis=0)
         self.buffer = self._buffer.data
-        self._unpack, self._flags_out = _unpacking(arrays, self.buffer, flags_length,
-                                                   unpack_ctx)
+        self._unpack, self._flags_out = _unpacking(arrays, self.buffer, flags_length, ctx)
 
     def reduce(self, comm, flags: np.ndarray, division: bool) -> np.ndarray:
         """Packs the arrays and ``flags``, all-reduces the buffer (one call of ``comm``),

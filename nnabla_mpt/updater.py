@@ -5,7 +5,8 @@ One call of ``update()`` runs the step (:meth:`_LossScalingUpdater.update`)::
     zero the gradients
     accum_grad times: feed a batch, forward, backward with the loss scale
     decide:       all-reduce (with a communicator), check for overflow      agreement.py
-    good step:    unscale, clip, weight decay, solver.update()                unscale.py
+                  unscale, clip; a gradient norm not finite is an overflow  unscale.py
+    good step:    weight decay, solver.update()                               unscale.py
     skipped step: parameters and solver states stay as they are
     tell the policy: the scale backs off or grows                             policy.py
     after a skip: on a collapse, diagnose and act by floor_policy             collapse.py
@@ -133,10 +134,9 @@ class _LossScalingUpdater(CollapseAttributes):
         self._in_backward = self._decider.in_backward
         self._zero_grads = (solver.zero_grad if self.shared_grads is None
                             else self.shared_grads.zero)
-        self._unscaler = Unscaler(   # with average_ranks, the all-reduce averages
-            solver, self._params, graph.extension_of(self.loss),
-            self.accum_grad if self.average_accum else 1, 1,
-            self.clip_grad_norm, self.weight_decay)
+        self._unscaler = Unscaler(solver, self._params, graph.float_context(self.loss),
+                                  self.accum_grad if self.average_accum else 1,
+                                  self.clip_grad_norm, self.weight_decay)
         self._collapse = CollapseWatch(values["floor_policy"], values["diagnose_after"],
                                        self._params, self.detector, policy,
                                        self._decider.agree_on_diagnosis, batch)
@@ -240,6 +240,7 @@ class _LossScalingUpdater(CollapseAttributes):
         stats = self._meter.statistics(index) if self._meter.stats_every else None
         skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses)
         room = None if watch is None or skipped else self._meter.growth_room(watch, scale)
+        skipped = skipped or not self._unscaler.unscale(scale)  # a norm not finite: overflow
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
         # A non-finite loss or batch is no overflow: a smaller scale cannot fix it, so the
         # scale is kept; scale="auto" measures again, on the next batch.
@@ -252,7 +253,7 @@ class _LossScalingUpdater(CollapseAttributes):
             self.skipped_steps += 1
             self._collapse.count_skip(bad_batch)
         else:
-            self._unscaler.apply(scale)
+            self._unscaler.apply()
             self.updates += 1
             self._collapse.overflow_streak = 0
         if watch_loss and math.isfinite(losses.mean()):
@@ -401,7 +402,7 @@ def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: 
         float32_cpu = (updater.schedule is None and graph.extension_of(updater.loss) == "cpu"
                        and graph.loss_dtype(updater.loss) == "float32")
         check_grads = overflow_check(updater.detector, updater.solver, updater._params,
-                                     float32_cpu)
+                                     float32_cpu, graph.float_context(updater.loss))
     float_only = updater._precision == "float" and updater.schedule is None
     decider = agreement.decider(updater.comm, updater.loss, updater._params, updater.grads,
                                 shared_grads, float_only, check_grads, updater.detector.mode,

@@ -85,17 +85,19 @@ class _ContextsEntered:
         sys.setprofile(None)
 
 
+@pytest.mark.parametrize("mode", ["inf_nan", "saturation"])
 @pytest.mark.parametrize("comm", [None, "float32", "float16"])
 @pytest.mark.parametrize("type_config", ["half", "float"])
-def test_every_context_the_updater_enters_keeps_the_loss_device(type_config, comm):
-    """Also where the step is packed for nnabla's communicator (its stand-in)."""
+def test_every_context_the_updater_enters_keeps_the_loss_device(type_config, comm, mode):
+    """Also where the step is packed for nnabla's communicator (its stand-in), the norm
+    of clip_grad_norm is taken, and the saturation check runs."""
     base = context(type_config)
     net = Net(ctx=nn.Context(list(base.backend), base.array_class, "3"), hidden=4)
     with _ContextsEntered() as entered:
         updater = DynamicLossScalingUpdater(
             net.solver("Adam", alpha=1e-2), net.loss, net.feeder, scale="auto",
-            growth_mode="measured", N=2, gradient_stats_every=2,
-            comm=None if comm is None else NcclLikeCommunicator(comm))
+            growth_mode="measured", N=2, gradient_stats_every=2, clip_grad_norm=10.0,
+            overflow_mode=mode, comm=None if comm is None else NcclLikeCommunicator(comm))
         results = [updater.update() for _ in range(6)]
     assert any(r.gradient_stats for r in results)
     assert len(entered.seen) > 10        # the reductions of the watch and the statistics

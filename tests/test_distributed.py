@@ -282,3 +282,17 @@ def test_grads_that_leave_out_a_parameter_are_refused_with_a_communicator():
     # all of them, in any order, are fine
     DynamicLossScalingUpdater(solver, net.loss, None, comm=comm,
                               grads=[v.grad for v in net.params.values()][::-1])
+
+
+@pytest.mark.parametrize("mode", ["clip", "saturation"])
+@pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
+def test_a_gradient_norm_not_finite_on_one_rank_is_an_overflow_on_every_rank(tmp_path, n,
+                                                                              mode):
+    check_ok(run_mpi(n, "clip_norm.py", tmp_path, mode))
+    ranks = load_ranks(tmp_path, n)
+    for arrays, meta in ranks:
+        assert meta["results"] == [[False, 4.0, 4.0], [False, 4.0, 4.0], [True, 4.0, 2.0],
+                                   [False, 2.0, 2.0]]
+        assert meta["overflow_streak"] == 1
+        assert arrays["after_skip"].tobytes() == arrays["before_skip"].tobytes()
+        assert arrays["w"].tobytes() == ranks[0][0]["w"].tobytes()

@@ -47,7 +47,7 @@ CASES = {
 def test_summed_check_agrees_with_the_solver(case):
     solver, loss, _ = net()
     params = solver.get_parameters()
-    check = SummedInfNanCheck(params)
+    check = SummedInfNanCheck(params, get_extension_context("cpu", type_config="float"))
     for step in range(3):            # the same graph, re-run over fresh gradients
         solver.zero_grad()
         loss.forward()
@@ -65,7 +65,7 @@ def test_finite_gradients_whose_float32_sum_overflows_are_no_overflow():
     # Their sum is inf; the element-wise check, run on that path only, finds them finite.
     solver, _, _ = net()
     params = solver.get_parameters()
-    check = SummedInfNanCheck(params)
+    check = SummedInfNanCheck(params, get_extension_context("cpu", type_config="float"))
     for v in params.values():
         v.g = np.zeros(v.shape, dtype=np.float32)
     params["fc1/affine/W"].g = np.full((128, 128), 3e38, dtype=np.float32)
@@ -98,7 +98,7 @@ def test_an_updater_steps_on_finite_gradients_whose_sum_overflows():
 def test_replaced_gradient_array_is_followed():
     solver, _, _ = net()
     params = solver.get_parameters()
-    check = SummedInfNanCheck(params)
+    check = SummedInfNanCheck(params, get_extension_context("cpu", type_config="float"))
     for v in params.values():
         v.g = np.zeros(v.shape, dtype=np.float32)
     assert check() is False
@@ -136,19 +136,23 @@ def test_float_updater_uses_it_and_skips_the_bad_step():
 
 
 def test_the_summed_check_is_chosen_for_large_float32_cpu_gradients_in_inf_nan_mode():
+    from nnabla_mpt._gradsum import SaturationCheck
+
     solver, _, _ = net()
     params = solver.get_parameters()
-    assert isinstance(overflow_check(OverflowDetector(), solver, params, float32_cpu=True),
+    ctx = get_extension_context("cpu", type_config="float")
+    assert isinstance(overflow_check(OverflowDetector(), solver, params, True, ctx),
                       SummedInfNanCheck)
-    # not float32 on the CPU, or saturation mode, or only small arrays: another check
-    assert overflow_check(OverflowDetector(), solver, params, float32_cpu=False) \
+    # not float32 on the CPU, or saturation mode (a graph in the loss's float32 context),
+    # or only small arrays: another check
+    assert overflow_check(OverflowDetector(), solver, params, False, ctx) \
         == solver.check_inf_or_nan_grad
-    assert not isinstance(overflow_check(OverflowDetector("saturation"), solver, params,
-                                         float32_cpu=True), SummedInfNanCheck)
+    assert isinstance(overflow_check(OverflowDetector("saturation"), solver, params, True,
+                                     ctx), SaturationCheck)
     nn.clear_parameters()
     small_solver, _, _ = net(width=16)
     assert overflow_check(OverflowDetector(), small_solver, small_solver.get_parameters(),
-                          float32_cpu=True) == small_solver.check_inf_or_nan_grad
+                          True, ctx) == small_solver.check_inf_or_nan_grad
 
 
 @pytest.mark.parametrize("kind", ["half", "saturation", "small"])
@@ -199,7 +203,7 @@ def test_step_result_is_frozen_and_says_whether_it_updated():
     assert dataclasses.asdict(result)["precision"] == "half"
 
 
-@pytest.mark.parametrize("numpy_min_size", [1, 1 << 10, 1 << 30])
+@pytest.mark.parametrize("numpy_min_size", [1, 1 << 10, None])
 def test_squared_norm_matches_numpy_over_steps(numpy_min_size):
     # Graph path (small arrays), NumPy path (large ones) or a mix, over steps whose
     # gradients are zeroed lazily and rewritten by backward.
@@ -207,7 +211,8 @@ def test_squared_norm_matches_numpy_over_steps(numpy_min_size):
 
     solver, loss, x = net()
     params = solver.get_parameters()
-    norm = SquaredNorm(list(params.values()), numpy_min_size=numpy_min_size)
+    norm = SquaredNorm(list(params.values()), get_extension_context("cpu", type_config="float"),
+                       numpy_min_size=numpy_min_size)
     rng = np.random.RandomState(5)
     for step in range(3):
         x.d = rng.randn(*x.shape)
@@ -233,7 +238,10 @@ def test_squared_norm_reads_float16_gradients():
     loss.backward(64.0)
     expected = sum(float(np.sum(v.g.astype(np.float64) ** 2)) for v in params.values())
     assert expected > 0
-    assert SquaredNorm(list(params.values())).value() == pytest.approx(expected, rel=1e-5)
+    for numpy_min_size in (None, 1):      # the graph, NumPy
+        norm = SquaredNorm(list(params.values()),
+                           get_extension_context("cpu", type_config="float"), numpy_min_size)
+        assert norm.value() == pytest.approx(expected, rel=1e-5)
 
 
 SUMMED_CHECK_WORKER = r'''
