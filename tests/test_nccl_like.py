@@ -12,6 +12,7 @@ from mpi_helpers import check_ok, load_ranks, run_mpi
 from mpi_workers.standins import NcclLikeCommunicator
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
 from support import Net
+from test_precision import make_updater
 
 
 def _run(n, case, tmp_path):
@@ -84,12 +85,27 @@ def test_a_step_is_one_collective_call_on_nnabla_s_communicator():
                       (False, 1, 1, 1)]
 
 
-def test_a_float16_reduction_of_a_float_graph_warns_once(caplog):
+def _float16_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if "reduces in float16" in r.getMessage()]
+
+
+@pytest.mark.parametrize("type_config", ["float", "half"])
+def test_a_float16_reduction_of_float32_gradients_warns_once(caplog, type_config):
     caplog.set_level(logging.WARNING, logger="nnabla")
-    net = Net("float")
+    net = Net(type_config)
     DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
                               comm=NcclLikeCommunicator("float16"))
     DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
                               comm=NcclLikeCommunicator("float32"))
-    warned = [r.getMessage() for r in caplog.records if "reduces in float16" in r.getMessage()]
-    assert len(warned) == 1 and "float32 graph" in warned[0]
+    warned = _float16_warnings(caplog)
+    if type_config == "half":
+        assert warned == []
+    else:
+        assert len(warned) == 1 and "float32 graph" in warned[0]
+
+
+def test_a_float16_reduction_warns_of_a_precision_schedule_s_float32_phase(caplog):
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    make_updater(comm=NcclLikeCommunicator("float16"))
+    warned = _float16_warnings(caplog)
+    assert len(warned) == 1 and "full-precision phase" in warned[0]
