@@ -66,7 +66,7 @@ class _GradientGraph:
 
 
 class GradientSum(_GradientGraph):
-    """The float32 sum of all the elements of the gradients of ``variables``, on the CPU.
+    """The float32 sum of all the elements of the gradients of ``variables``.
 
     :meth:`nonfinite` tests the sum with a one-parameter solver whose gradient is the sum:
     no NumPy read at all.
@@ -83,7 +83,8 @@ class GradientSum(_GradientGraph):
         super()._build()
         probe = nn.Variable(self._total.shape, need_grad=True)
         probe.grad = self._total.data
-        self._probe = S.Sgd(0.0)
+        with nn.context_scope(self._context):
+            self._probe = S.Sgd(0.0)
         self._probe.set_parameters({"gradient_sum": probe})
 
     def nonfinite(self) -> bool:

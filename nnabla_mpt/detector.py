@@ -82,7 +82,9 @@ def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object]
     directly; for gradients stored as float32 on the CPU (``float32_cpu``, which the
     updater knows from the graph) with large arrays, the same decision is made with a sum
     over those arrays, several times faster than the solver's element-wise test (see
-    :class:`SummedInfNanCheck`). In saturation mode, one prebuilt graph in ``context``,
+    :class:`SummedInfNanCheck`); off the CPU, with a sum over every array in ``context``,
+    one host synchronisation a step where nnabla-ext-cuda's solvers take one per
+    parameter. In saturation mode, one prebuilt graph in ``context``,
     the float32 context of the device the gradients live on, tests ``|g| < threshold``
     for every element and is read once; on the CPU, arrays of at least
     ``_gradsum.NUMPY_MIN_SIZE`` elements are tested by NumPy (see
@@ -94,6 +96,10 @@ def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object]
                                numpy_min_size(context))
     if float32_cpu and any(v.size >= SUM_CHECK_MIN_SIZE for v in params.values()):
         return SummedInfNanCheck(params, context)
+    from ._gradsum import numpy_min_size
+    if numpy_min_size(context) is None:
+        # off the CPU the solver's test reads back one result per parameter
+        return SummedInfNanCheck(params, context, min_size=0)
     return solver.check_inf_or_nan_grad
 
 
@@ -102,7 +108,8 @@ SUM_CHECK_MIN_SIZE = 1 << 14
 
 
 class SummedInfNanCheck:
-    """The inf/NaN check of float32 CPU gradients, several times faster on large arrays.
+    """The inf/NaN check through a sum: several times faster for large float32 arrays on
+    the CPU, and one host synchronisation for all arrays off it.
 
     ``solver.check_inf_or_nan_grad()`` tests every element (about 1 ns per element on CPU);
     nnabla's ``F.sum`` reads an array about seven times faster but costs a few microseconds
@@ -115,13 +122,17 @@ class SummedInfNanCheck:
     on that rare path only: the decision is the solver's own, and a finite gradient is
     never an overflow.
 
-    Valid for gradients stored as float32 on the CPU only (the updater decides). The graph
-    reads the gradient arrays the parameters held when it was built; it is rebuilt when a
-    parameter's gradient array has been replaced since.
+    On the CPU it pays for float32 gradients only (float16 ones would be converted for the
+    sum), with large arrays; off the CPU it serves every array (``min_size=0``): the
+    solver's test there reads one result per parameter back to the host, the sum one for
+    all of them (float16 gradients are read as float32, exactly). The updater decides
+    (:func:`overflow_check`). The graph reads the gradient arrays the parameters held when
+    it was built; it is rebuilt when a parameter's gradient array has been replaced since.
 
     Args:
         params: Mapping name -> ``nnabla.Variable``: the parameters whose gradients to check.
-        context: The float32 context of the graph's device (a CPU one), where the sum runs.
+        context: The float32 context of the gradients' device, where the sum runs and
+            the solvers are made.
         min_size: Arrays with at least this many elements are checked through the sum.
     """
 
@@ -131,8 +142,8 @@ class SummedInfNanCheck:
 
         large = {name: v for name, v in params.items() if v.size >= min_size}
         self._small_solver = _solver_of({name: v for name, v in params.items()
-                                         if name not in large})
-        self._large_solver = _solver_of(large)     # confirms a non-finite sum
+                                         if name not in large}, context)
+        self._large_solver = _solver_of(large, context)     # confirms a non-finite sum
         self._sum = GradientSum(list(large.values()), context) if large else None
 
     def __call__(self) -> bool:
@@ -145,12 +156,15 @@ class SummedInfNanCheck:
                 and bool(self._large_solver.check_inf_or_nan_grad()))
 
 
-def _solver_of(params: Dict[str, object]):
-    """A solver holding ``params`` only, for its element-wise inf/NaN test; None if empty."""
+def _solver_of(params: Dict[str, object], context):
+    """A solver in ``context`` holding ``params`` only, for its element-wise inf/NaN test;
+    None if empty."""
     if not params:
         return None
+    import nnabla as nn
     import nnabla.solvers as S
-    solver = S.Sgd(0.0)
+    with nn.context_scope(context):
+        solver = S.Sgd(0.0)
     solver.set_parameters(params)
     return solver
 

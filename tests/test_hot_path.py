@@ -61,6 +61,27 @@ def test_summed_check_agrees_with_the_solver(case):
         assert check() is expected
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_summing_every_array_agrees_with_the_solver(case, dtype):
+    """Off the CPU every array is summed (``min_size=0``: one host read for all, where
+    nnabla-ext-cuda's solver test reads one per parameter); float16 gradients are read as
+    float32 by the sum."""
+    solver, _, _ = net()
+    params = solver.get_parameters()
+    check = SummedInfNanCheck(params, get_extension_context("cpu", type_config="float"),
+                              min_size=0)
+    rng = np.random.RandomState(3)
+    for step in range(2):
+        for v in params.values():
+            v.grad.cast(dtype)[...] = rng.randn(*v.shape)
+        for name, index, value in CASES[case]:
+            params[name].grad.cast(dtype)[index] = value
+        expected = bool(CASES[case])
+        assert bool(solver.check_inf_or_nan_grad()) is expected
+        assert check() is expected
+
+
 def test_finite_gradients_whose_float32_sum_overflows_are_no_overflow():
     # Their sum is inf; the element-wise check, run on that path only, finds them finite.
     solver, _, _ = net()
