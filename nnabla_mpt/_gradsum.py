@@ -59,7 +59,7 @@ class _GradientGraph:
                 break
         self._total.forward()
 
-    def _read(self) -> float:
+    def read(self) -> float:
         """Computes the reduction now and reads its one element."""
         self._forward()
         return self._total.d.item()
@@ -121,15 +121,13 @@ class SquaredNorm:
 
     def __init__(self, variables: Sequence, context,
                  numpy_min_size: Optional[int] = None) -> None:
-        limit = numpy_min_size
-        small = [v for v in variables if limit is None or v.size < limit]
-        self._large = [v for v in variables if limit is not None and v.size >= limit]
+        small, self._large = split_by_size(variables, numpy_min_size)
         self._graph = _SquaresGraph(small, context) if small else None
 
     def value(self) -> float:
         """Computes the sum of squares now and returns it (inf when it overflows float32,
         NaN when a gradient holds NaN)."""
-        total = 0.0 if self._graph is None else self._graph._read()
+        total = 0.0 if self._graph is None else self._graph.read()
         for v in self._large:
             g = v.g.ravel().astype(np.float32, copy=False)
             total += np.dot(g, g).item()
@@ -165,18 +163,26 @@ class SaturationCheck:
 
     def __init__(self, variables: Sequence, threshold: float, context,
                  numpy_min_size: Optional[int] = None) -> None:
-        limit = numpy_min_size
-        small = [v for v in variables if limit is None or v.size < limit]
-        self._large = [v for v in variables if limit is not None and v.size >= limit]
+        small, self._large = split_by_size(variables, numpy_min_size)
         self._graph = _SaturationGraph(small, threshold, context) if small else None
         self._threshold = threshold
 
     def __call__(self) -> bool:
         """Computes the check now; True when some gradient saturated."""
-        if self._graph is not None and self._graph._read() < 1.0:
+        if self._graph is not None and self._graph.read() < 1.0:
             return True
         with np.errstate(invalid="ignore"):
             return any(not (np.abs(v.g) < self._threshold).all() for v in self._large)
+
+
+def split_by_size(variables: Sequence, numpy_min_size: Optional[int]):
+    """``(graph's, NumPy's)``: the variables whose gradients a graph reduces, and those
+    read into NumPy (at least ``numpy_min_size`` elements; none for None). Empty arrays
+    are in neither: nnabla's reductions cannot take them, and they hold nothing."""
+    limit = numpy_min_size
+    small = [v for v in variables if v.size and (limit is None or v.size < limit)]
+    large = [v for v in variables if v.size and limit is not None and v.size >= limit]
+    return small, large
 
 
 def numpy_min_size(context) -> Optional[int]:

@@ -6,10 +6,7 @@ every rank holds bit for bit alike, so every rank takes the same branch:
 
 1. the flags travel at the end of the gradients' all-reduce (this rank's own overflow
    where it checks before the reduce, its loss; exactly, whatever dtype the communicator
-   reduces in: :mod:`nnabla_mpt.exchange`): one collective a step, given a list
-   (:class:`ArrayList`) to a communicator that fuses the arrays of a call
-   (:class:`~nnabla_mpt.MPICommunicator`), packed in one array of our own for any other
-   (:class:`~nnabla_mpt.packed.PackedArrays`: nnabla's runs collectives per array);
+   reduces in: :mod:`nnabla_mpt.exchange`): one collective a step (:func:`_transport`);
 2. the reduced gradients are checked (each rank checks the same values);
 3. on a skipped step only, one more small all-reduce carries two votes: whether some
    rank's loss was non-finite, and whether some rank's batch held inf/NaN (a bad batch);
@@ -89,11 +86,12 @@ class StepAgreement:
 
     Args:
         comm: The communicator (``all_reduce``, ``size``).
-        transport: What the step's all-reduce carries (:class:`ArrayList` or
+        transport: What the step's all-reduce carries (:class:`ListTransport` or
             :class:`~nnabla_mpt.packed.PackedArrays`): ``reduce(comm, flags, division)``
             reduces the gradients with the flags and returns the reduced flags.
         flags: The flags' codec (:func:`nnabla_mpt.exchange.step_flags`).
-        reduction: What the all-reduce does to dtypes (:func:`nnabla_mpt.exchange.handshake`).
+        reduction: What the all-reduce does to dtypes
+            (:func:`nnabla_mpt.exchange.handshake`).
         check: The overflow check of the solver's gradients, or None when checking is off;
             kept as the attribute ``check``.
         check_before: Check each rank's own gradients before the reduce too (see the
@@ -129,8 +127,8 @@ class StepAgreement:
         batch held inf/NaN.
         """
         local = self.check_before and self.check()
-        reduced = self.transport.reduce(self._comm, self._flags.encode(local, losses.mean()),
-                                        self._division)
+        flags = self._flags.encode(local, losses.mean())
+        reduced = self.transport.reduce(self._comm, flags, self._division)
         flagged, mean = self._flags.decode(reduced)
         losses.set_mean(mean)
         overflow = self.check is not None and (flagged or self.check())
@@ -176,7 +174,7 @@ class StepAgreement:
         return [float(v) for v in array.data]
 
 
-class ArrayList:
+class ListTransport:
     """What the step's all-reduce carries for a communicator that fuses the arrays of a
     call itself (:class:`~nnabla_mpt.MPICommunicator`), or the flags alone where the
     gradients are reduced inside the backward pass: the arrays, the flags' array last.
@@ -256,21 +254,24 @@ def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
 def _transport(comm, reduction: exchange.Reduction, loss: "nn.Variable",
                params: Mapping[str, "nn.Variable"], grads, shared_grads: Optional[bool],
                float_only: bool, with_gradients: bool, division: bool):
-    """``(transport, shared gradients, flags' codec)`` of the step's all-reduce: the
-    gradients and the flags packed in one buffer for a communicator that handles each
-    array on its own (nnabla's), else as a list (:func:`reduce_list`); the flags alone
-    where the gradients are reduced in the backward pass (not ``with_gradients``)."""
+    """``(transport, shared gradients, flags' codec)`` of the step's all-reduce: a list
+    (:class:`ListTransport`, :func:`reduce_list`) for :class:`~nnabla_mpt.MPICommunicator`,
+    which fuses the arrays of a call, and the flags alone where the gradients are reduced
+    in the backward pass (not ``with_gradients``); else the gradients and the flags in one
+    buffer (:mod:`nnabla_mpt.packed` says why)."""
     from .communicator import MPICommunicator
 
     flags = exchange.step_flags(comm, reduction, division)
     if with_gradients and not isinstance(comm, MPICommunicator):
+        if shared_grads:
+            use_shared_grads(True, comm, grads, float_only, ())   # raises, naming why
         packed = PackedArrays(exchanged_arrays(params, grads), flags.length,
                               graph.float_context(loss))
         return packed, None, flags
     if not with_gradients:
-        return ArrayList([], nn.NdArray((flags.length,))), None, flags
+        return ListTransport([], nn.NdArray((flags.length,))), None, flags
     arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only, flags.length)
-    return ArrayList(arrays[:-1], arrays[-1]), shared, flags
+    return ListTransport(arrays[:-1], arrays[-1]), shared, flags
 
 
 def warn_float16_reduction(reduction: Optional[exchange.Reduction], precision: str,

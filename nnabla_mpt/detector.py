@@ -90,13 +90,13 @@ def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object]
     ``_gradsum.NUMPY_MIN_SIZE`` elements are tested by NumPy (see
     :class:`~nnabla_mpt._gradsum.SaturationCheck`).
     """
+    from ._gradsum import SaturationCheck, numpy_min_size
+
     if detector.mode != "inf_nan":
-        from ._gradsum import SaturationCheck, numpy_min_size
         return SaturationCheck(list(params.values()), detector.threshold, context,
                                numpy_min_size(context))
     if float32_cpu and any(v.size >= SUM_CHECK_MIN_SIZE for v in params.values()):
         return SummedInfNanCheck(params, context)
-    from ._gradsum import numpy_min_size
     if numpy_min_size(context) is None:
         # off the CPU the solver's test reads back one result per parameter
         return SummedInfNanCheck(params, context, min_size=0)
@@ -140,6 +140,7 @@ class SummedInfNanCheck:
                  min_size: int = SUM_CHECK_MIN_SIZE) -> None:
         from ._gradsum import GradientSum
 
+        params = {name: v for name, v in params.items() if v.size}    # nothing to check
         large = {name: v for name, v in params.items() if v.size >= min_size}
         self._small_solver = _solver_of({name: v for name, v in params.items()
                                          if name not in large}, context)

@@ -177,7 +177,9 @@ COMMON = (
            "taken of the unscaled gradients, squared in float32 on the device they live "
            "on; a norm that is not finite even so (beyond about 1.8e19) is an overflow: "
            "the step is skipped and a dynamic scale backs off (also with "
-           "``enable_overflow_check=False``).",
+           "``enable_overflow_check=False``); a streak of such steps is diagnosed as an "
+           "overflow streak, whose replay finds the gradients finite (kind "
+           "``\"not_reproduced\"``).",
            _optional(_real(gt=0.0))),
     Option("max_retries", 0, int,
            "Retry mode: after a skipped step, run up to this many more steps on new "

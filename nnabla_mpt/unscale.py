@@ -14,8 +14,8 @@ class Unscaler:
     averaged). :meth:`unscale` divides them by the scale, and by ``accum_grad`` where the
     micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
     takes the global L2 norm of the unscaled gradients, squared in float32, and scales
-    them down to the bound when the norm exceeds it. :meth:`apply` applies weight decay to the unscaled gradients and
-    updates.
+    them down to the bound when the norm exceeds it. :meth:`apply` applies weight decay to
+    the unscaled gradients and updates.
 
     Args:
         solver: The solver.

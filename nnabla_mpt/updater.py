@@ -234,7 +234,7 @@ class _LossScalingUpdater(CollapseAttributes):
         watch = self._meter.growth_watch() if scaled else None
         watch_loss = self.schedule is not None and self.schedule.needs_loss
         self._forward_backward(recorder, seeds.at(scale), scale, losses, watch, fed)
-        if watch is not None:
+        if watch is not None and self._in_backward is None:
             self._meter.watch_own(watch)     # this rank's gradients, before the reduce
         # as the backward produced them
         stats = self._meter.statistics(index) if self._meter.stats_every else None
@@ -414,11 +414,10 @@ def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: 
 
 def _reduced_dtype(decider, loss: "nn.Variable") -> Optional[str]:
     """The dtype the step's all-reduce leaves the gradients of ``loss`` in; None without
-    one, or where they are reduced inside the backward pass (not seen before it)."""
-    reduction = getattr(decider, "reduction", None)
-    if reduction is None or decider.in_backward is not None:
+    one."""
+    if decider.reduction is None:
         return None
-    return reduction.dtype_after(graph.loss_dtype(loss))
+    return decider.reduction.dtype_after(graph.loss_dtype(loss))
 
 
 def _already_running(updater: _LossScalingUpdater) -> RuntimeError:

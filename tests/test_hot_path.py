@@ -329,3 +329,42 @@ def test_summed_check_decides_alike_on_every_rank(tmp_path):
         assert r["checks"] == [0, 1, 2, 3, 4, 5]
         assert r["scale"] == 2.0 ** 99
     assert ranks[0]["digest"] == ranks[1]["digest"]
+
+
+def _with_an_empty_parameter():
+    x = nn.Variable.from_numpy_array(np.random.RandomState(0).randn(4, 3).astype(np.float32))
+    with nn.parameter_scope("net"):
+        loss = F.mean(PF.affine(x, 2, rng=np.random.RandomState(1)))
+        nn.parameter.get_parameter_or_create("empty", (0,), need_grad=True)
+    solver = S.Sgd(0.1)
+    solver.set_parameters(nn.get_parameters())
+    return solver, loss
+
+
+@pytest.mark.parametrize("options", [dict(clip_grad_norm=1e-3),
+                                     dict(overflow_mode="saturation")],
+                         ids=["clip", "saturation"])
+def test_an_empty_parameter_is_no_reduction(options):
+    """nnabla's reductions cannot take an empty array (on the CPU the process dies of
+    SIGFPE): the graphs of the norm and of the saturation check leave it out."""
+    solver, loss = _with_an_empty_parameter()
+    W = solver.get_parameters()["net/affine/W"]
+    before = W.d.copy()
+    updater = FixedLossScalingUpdater(solver, loss, scale=8.0, **options)
+    assert all(updater.update().updated for _ in range(2))
+    assert not np.array_equal(W.d, before)
+
+
+def test_an_empty_parameter_is_left_out_of_the_sum_of_every_array():
+    solver, loss = _with_an_empty_parameter()
+    params = solver.get_parameters()
+    check = SummedInfNanCheck(params, get_extension_context("cpu", type_config="float"),
+                              min_size=0)
+    loss.forward()
+    solver.zero_grad()
+    loss.backward(8.0)
+    assert check() is False
+    g = params["net/affine/W"].g
+    g[0, 0] = np.inf
+    params["net/affine/W"].g = g
+    assert check() is True

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpi_helpers import check_ok, load_ranks, run_mpi
-from mpi_workers.standins import NcclLikeCommunicator
+from mpi_workers.standins import NcclCallbackLikeCommunicator, NcclLikeCommunicator
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
 from support import Net
 from test_precision import make_updater
@@ -83,6 +83,34 @@ def test_a_step_is_one_collective_call_on_nnabla_s_communicator():
     counts = _counted(NcclLikeCommunicator("float16"), 4, skip_at={2})
     assert counts == [(False, 1, 1, 1), (False, 1, 1, 1), (True, 2, 2, 2),
                       (False, 1, 1, 1)]
+
+
+def test_the_collectives_of_a_step_with_nnabla_s_callback():
+    """With all_reduce_callback=: nnabla's callback checks each of the 4 gradient arrays
+    with MPI and runs an NCCL call per pack (29 values in packs of 8: 4), then the flags
+    take one call; a skipped step one more (the votes)."""
+    counts = _counted(NcclCallbackLikeCommunicator("float32"), 3, skip_at={1},
+                      all_reduce_callback=8)
+    assert counts == [(False, 1, 5, 5), (True, 2, 6, 6), (False, 1, 5, 5)]
+
+
+def test_shared_grads_true_is_refused_where_the_step_is_packed():
+    net = Net("float")
+    with pytest.raises(ValueError, match=r"shared_grads=True cannot be honoured: the "
+                                         r"communicator \(NcclLikeCommunicator\) has no "
+                                         r"share_grads"):
+        DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                                  comm=NcclLikeCommunicator("float32"), shared_grads=True)
+
+
+def test_a_float32_sum_over_ranks_is_not_bounded_as_float16(tmp_path):
+    """Two ranks on identical batches, summed (not averaged) by a float32 communicator,
+    learning rate 0: each rank's own float16 gradients bound the scale as one process's
+    do, and their float32 sum, twice as large, must not lower it."""
+    ranks = _run(2, "bounds", tmp_path)
+    for _, meta in ranks:
+        assert meta["ranks"] == meta["alone"]
+        assert len({scale for scale, _ in meta["alone"]}) > 1     # it grew
 
 
 def _float16_warnings(caplog):

@@ -13,6 +13,8 @@ CASE:
   average   identical batches on every rank, average_ranks=True, MPICommunicator, a half
             graph whose dynamic scale climbs to its edge; and the same run alone
             (no communicator) in another scope
+  bounds    identical batches on every rank, summed by a float32 stand-in, a half graph
+            with measured growth and learning rate 0; and the same run alone
 Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
 """
 import sys
@@ -120,6 +122,18 @@ def average_case():
     return arrays, meta
 
 
-arrays, meta = {"loss": loss_case, "model": model_case, "packed": packed_case,
+def bounds_case():
+    meta = {}
+    for name, comm in (("ranks", NcclLikeCommunicator("float32", world)), ("alone", None)):
+        x, t, loss, params, solver = build(name, "half")
+        solver.set_learning_rate(0.0)
+        updater = DynamicLossScalingUpdater(solver, loss, feeder(x, t, 7, 30.0),
+                                            scale="auto", growth_mode="measured", N=3,
+                                            comm=comm)
+        meta[name], _ = run(updater, 24)
+    return {}, meta
+
+
+arrays, meta = {"bounds": bounds_case, "loss": loss_case, "model": model_case, "packed": packed_case,
                 "average": average_case}[case]()
 save(outdir, rank, arrays, meta)

@@ -6,6 +6,7 @@ sources) and nothing more; everything else in the tests is real nnabla and real 
 import numpy as np
 
 import nnabla as nn
+import nnabla.communicators  # noqa: F401 (nn.communicators)
 
 
 class NcclLikeCommunicator:
@@ -17,7 +18,9 @@ class NcclLikeCommunicator:
     * ``all_reduce`` casts every array it is given, in place, to the communicator's dtype
       (``"float16"``: one made from a cudnn ``half`` or ``mixed_half`` context;
       ``"float32"``: from a float one), sums it over the ranks in that dtype (in float16,
-      rounding at each add, beyond 65504 inf), ``division=True`` averages;
+      rounding at each add, beyond 65504 inf), ``division=True`` divides that sum by the
+      number of ranks (NCCL's average may scale before it sums; the updaters' own values
+      come through exactly either way, see ``nnabla_mpt.exchange``);
     * per array one blocking MPI check (counted in ``n_checks``), then one NCCL all-reduce
       per array in place, one for all of them out of place (counted in ``n_nccl``);
     * ``abort()`` is ``MPI_Abort``.
@@ -26,11 +29,14 @@ class NcclLikeCommunicator:
     def __init__(self, dtype: str = "float32", mpi_comm=None) -> None:
         self.dtype = np.dtype(dtype)
         self._comm = mpi_comm
-        self.rank = 0 if mpi_comm is None else mpi_comm.Get_rank()
-        self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
-        self.local_rank = self.rank
-        self.name = "NcclLikeCommunicator"
+        self._rank = 0 if mpi_comm is None else mpi_comm.Get_rank()
+        self._size = 1 if mpi_comm is None else mpi_comm.Get_size()
         self.n_calls = self.n_checks = self.n_nccl = 0
+
+    rank = property(lambda self: self._rank)
+    size = property(lambda self: self._size)
+    local_rank = property(lambda self: self._rank)
+    name = property(lambda self: type(self).__name__)
 
     def all_reduce(self, data, division=False, inplace=False, group="world"):
         arrays = [data] if isinstance(data, nn.NdArray) else list(data)
@@ -83,3 +89,19 @@ class CastingSolver:
         for v in self._solver.get_parameters().values():
             v.grad.cast(np.float32)
         return self._solver.check_inf_or_nan_grad()
+
+
+class NcclCallbackLikeCommunicator(NcclLikeCommunicator, nn.communicators.Communicator):
+    """:class:`NcclLikeCommunicator` that is an ``nnabla.communicators.Communicator``, for
+    the updaters' ``all_reduce_callback=``, in one process: nnabla's
+    ``all_reduce_callback(data, pack_size)`` runs, inside the backward pass, an MPI check
+    for each array of ``data`` (counted in ``n_checks``) and an NCCL all-reduce for each
+    pack of ``pack_size`` values (counted in ``n_nccl``); made here it returns None, which
+    ``backward`` accepts: the sum over one rank is the gradients themselves.
+    """
+
+    def all_reduce_callback(self, data, pack_size, division=False, group="world",
+                            scale_grad=1, keep_dtype=False):
+        self.n_checks += len(data)
+        self.n_nccl += -(-sum(a.size for a in data) // pack_size)
+        return None
