@@ -30,7 +30,10 @@ def type_config_of(loss) -> str:
 @functools.lru_cache(maxsize=None)
 def runnable_backend(backends: Tuple[str, ...], array_class: str, device_id: str) -> str:
     """The first of ``backends`` that nnabla has functions registered for, found by
-    creating a function under each alone (nnabla raises for a backend with none).
+    creating ``F.identity`` under each alone (nnabla raises for a backend without it).
+    Every type configuration nnabla runs has Identity in its cuda and cpu backends, and
+    nothing has any under ``*:mixed_half``; cudnn registers no Identity, so a cudnn
+    context resolves at its cuda backend of the same type configuration, listed after it.
 
     Raises:
         ValueError: none of them is registered (the message lists them).
