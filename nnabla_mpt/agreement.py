@@ -66,7 +66,7 @@ class LocalDecision:
         self.check = check
         self._batch = batch
 
-    def decide(self, loss: "nn.Variable", losses: StepLosses) -> Decision:
+    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Decision:
         """Checks the step's gradients; on overflow only, reads the step's ``losses``."""
         if self.check is None or not self.check():
             return False, False, False
@@ -118,18 +118,20 @@ class StepAgreement:
         self.in_backward = in_backward
         self._values = exchange.RankSlots(comm.rank, comm.size, np.float64)
 
-    def decide(self, loss: "nn.Variable", losses: StepLosses) -> Decision:
+    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Decision:
         """Reduces the gradients with the flags (one collective) and checks the result.
 
-        The flags are this rank's overflow and its mean loss; the mean over the ranks
-        becomes the step's loss (``losses.set_mean``). On a skipped step, one more small
-        all-reduce tells whether some rank's loss was non-finite and whether some rank's
-        batch held inf/NaN.
+        The flags are this rank's overflow, its mean loss and its ``step`` index; the mean
+        over the ranks becomes the step's loss (``losses.set_mean``). Ranks whose steps
+        differ raise the same ``RuntimeError`` (:func:`check_in_step`). On a skipped step,
+        one more small all-reduce tells whether some rank's loss was non-finite and whether
+        some rank's batch held inf/NaN.
         """
         local = self.check_before and self.check()
-        flags = self._flags.encode(local, losses.mean())
+        flags = self._flags.encode(local, losses.mean(), step)
         reduced = self.transport.reduce(self._comm, flags, self._division)
-        flagged, mean = self._flags.decode(reduced)
+        flagged, mean, steps = self._flags.decode(reduced)
+        check_in_step(steps)
         losses.set_mean(mean)
         overflow = self.check is not None and (flagged or self.check())
         if not overflow:
@@ -172,6 +174,21 @@ class StepAgreement:
         array.data = values
         self._comm.all_reduce([array], division=False, inplace=True)
         return [float(v) for v in array.data]
+
+
+def check_in_step(steps) -> None:
+    """Raises ``RuntimeError`` naming the ranks and their step indices unless every rank
+    is at the same step (``steps``: every rank's, in rank order): the step's all-reduce
+    then summed gradients of different steps. Every rank holds the same ``steps`` and
+    raises alike."""
+    if (steps == steps[0]).all():
+        return
+    ranks = ", ".join(f"rank {r} at step {int(s)}" for r, s in enumerate(steps))
+    raise RuntimeError(
+        f"the ranks are out of step: the step's all-reduce paired {ranks}, so it summed "
+        f"gradients of different steps; every rank must call update() as often as the "
+        f"others (a rank that caught an exception from update() and went on, or that "
+        f"loaded another checkpoint, is behind or ahead)")
 
 
 class ListTransport:

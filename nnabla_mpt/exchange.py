@@ -13,10 +13,11 @@ What the reduction does to dtypes is learned once, when an updater is built
 (:func:`handshake`, which also exchanges the model fingerprints): an all-reduce of a
 float32 and a float16 array, whose dtypes are read after (:class:`Reduction`).
 
-The step's flags (some rank's overflow, each rank's loss) ride in the step's all-reduce
-(:mod:`nnabla_mpt.agreement`): as two summed float32 values where the reduction keeps
-float32 (:class:`SummedFlags`, the cheapest), in byte slots where it is float16
-(:class:`SlottedFlags`).
+The step's flags (some rank's overflow, each rank's loss, each rank's step index) ride in
+the step's all-reduce (:mod:`nnabla_mpt.agreement`): overflow and loss as two summed
+float32 values where the reduction keeps float32 (:class:`SummedFlags`, the cheapest), in
+byte slots where it is float16 (:class:`SlottedFlags`); the step indices in byte slots
+either way, so that ranks whose steps were paired out of order are named.
 """
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -101,34 +102,37 @@ def _ndarray(values: np.ndarray, dtype) -> "nn.NdArray":
 
 
 class SummedFlags:
-    """The step's flags as two float32 values summed over the ranks: the number of ranks
-    that found an overflow, the sum of their losses. For reductions that keep float32.
+    """The step's flags as two float32 values summed over the ranks, the number of ranks
+    that found an overflow and the sum of their losses, then each rank's step index in
+    its slot (:class:`RankSlots`). For reductions that keep float32.
 
     Args:
-        size: The number of ranks.
+        rank, size: This rank and the number of ranks.
         divided: The all-reduce divides by the number of ranks (averages).
     """
 
-    length = 2
-
-    def __init__(self, size: int, divided: bool) -> None:
+    def __init__(self, rank: int, size: int, divided: bool) -> None:
         self._size = size
         self._divided = divided
+        self._steps = RankSlots(rank, size, np.uint32)
+        self.length = 2 + self._steps.length
 
-    def encode(self, overflow: bool, loss: float) -> np.ndarray:
-        """This rank's flags."""
-        return np.array([overflow, loss], dtype=np.float32)
+    def encode(self, overflow: bool, loss: float, step: int) -> np.ndarray:
+        """This rank's flags at its step ``step``."""
+        return np.concatenate([np.array([overflow, loss], dtype=np.float32),
+                               self._steps.encode(step)])
 
-    def decode(self, reduced) -> Tuple[bool, float]:
-        """``(some rank overflowed, the mean loss over the ranks)``."""
-        flag, loss = (float(x) for x in reduced)
-        return flag > 0.0, loss if self._divided else loss / self._size
+    def decode(self, reduced) -> Tuple[bool, float, np.ndarray]:
+        """``(some rank overflowed, the mean loss over the ranks, every rank's step)``."""
+        flag, loss = float(reduced[0]), float(reduced[1])
+        steps = self._steps.decode(reduced[2:], self._divided).ravel()
+        return flag > 0.0, loss if self._divided else loss / self._size, steps
 
 
 class SlottedFlags:
     """The step's flags for a reduction in float16: the number of ranks that found an
-    overflow (exact up to 2048 ranks), then each rank's loss as float32 bytes in its slot
-    (:class:`RankSlots`); the mean is taken here, in float64.
+    overflow (exact up to 2048 ranks), then each rank's loss as float32 bytes and its step
+    index in its slots (:class:`RankSlots`); the mean is taken here, in float64.
 
     Args:
         rank, size: This rank and the number of ranks.
@@ -137,18 +141,22 @@ class SlottedFlags:
 
     def __init__(self, rank: int, size: int, divided: bool) -> None:
         self._losses = RankSlots(rank, size, np.float32)
+        self._steps = RankSlots(rank, size, np.uint32)
         self._divided = divided
-        self.length = 1 + self._losses.length
+        self.length = 1 + self._losses.length + self._steps.length
 
-    def encode(self, overflow: bool, loss: float) -> np.ndarray:
-        """This rank's flags."""
-        return np.concatenate([np.array([overflow], np.float32), self._losses.encode(loss)])
+    def encode(self, overflow: bool, loss: float, step: int) -> np.ndarray:
+        """This rank's flags at its step ``step``."""
+        return np.concatenate([np.array([overflow], np.float32), self._losses.encode(loss),
+                               self._steps.encode(step)])
 
-    def decode(self, reduced) -> Tuple[bool, float]:
-        """``(some rank overflowed, the mean loss over the ranks)``."""
+    def decode(self, reduced) -> Tuple[bool, float, np.ndarray]:
+        """``(some rank overflowed, the mean loss over the ranks, every rank's step)``."""
         reduced = np.asarray(reduced, dtype=np.float64)
-        losses = self._losses.decode(reduced[1:], self._divided).astype(np.float64)
-        return bool(reduced[0] > 0.0), float(losses.mean())
+        middle = 1 + self._losses.length
+        losses = self._losses.decode(reduced[1:middle], self._divided).astype(np.float64)
+        steps = self._steps.decode(reduced[middle:], self._divided).ravel()
+        return bool(reduced[0] > 0.0), float(losses.mean()), steps
 
 
 def step_flags(comm, reduction: Reduction, divided: bool):
@@ -156,4 +164,4 @@ def step_flags(comm, reduction: Reduction, divided: bool):
     in byte slots where ``comm`` reduces in float16."""
     if reduction.float16:
         return SlottedFlags(comm.rank, comm.size, divided)
-    return SummedFlags(comm.size, divided)
+    return SummedFlags(comm.rank, comm.size, divided)

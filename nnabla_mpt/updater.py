@@ -238,7 +238,7 @@ class _LossScalingUpdater(CollapseAttributes):
             self._meter.watch_own(watch)     # this rank's gradients, before the reduce
         # as the backward produced them
         stats = self._meter.statistics(index) if self._meter.stats_every else None
-        skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses)
+        skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses, index)
         room = None if watch is None or skipped else self._meter.growth_room(watch, scale)
         skipped = skipped or not self._unscaler.unscale(scale)  # a norm not finite: overflow
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
