@@ -136,6 +136,7 @@ def main():
 
     world = MPI.COMM_WORLD
     comm = MPICommunicator()
+    untimed = MPICommunicator(timeout=None)     # the same, without a collective timeout
     reduce_scatter = MPICommunicator(algorithm="reduce_scatter")
     reduce_bcast = MPICommunicator(algorithm="reduce_bcast")
     plain = plain_allreduce_communicator()
@@ -167,6 +168,10 @@ def main():
             for g in shared.arrays:
                 comm.all_reduce([g])
 
+        def per_array_untimed(grads):
+            for g in grads:
+                untimed.all_reduce([g])
+
         variants = {
             "fused shared": fused_shared,
             "per-array shared": per_array_shared,
@@ -176,6 +181,8 @@ def main():
             "fused reduce-scatter": reduce_scatter.all_reduce,
             "fused reduce+bcast": reduce_bcast.all_reduce,
             "fused plain Allreduce": plain.all_reduce,
+            "fused untimed": untimed.all_reduce,
+            "per-array comm untimed": per_array_untimed,
         }
         n_elems = int(sum(np.prod(s) for s in shapes))
         in_place = comm._shm.in_place_calls if comm._shm is not None else 0
@@ -212,6 +219,17 @@ def main():
     for name, (k, n, t) in results.items():
         print(f"| {name} | {t['fused'] * 1e3:.2f} | {t['fused reduce-scatter'] * 1e3:.2f} "
               f"| {t['fused reduce+bcast'] * 1e3:.2f} | {t['fused plain Allreduce'] * 1e3:.2f} |")
+    print()
+    print("The collective timeout (default 600 s) against timeout=None, same scheme:")
+    print()
+    print("| layout | fused (ms) | untimed (ms) | ratio | per-array comm (ms) | untimed (ms) "
+          "| ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, (k, n, t) in results.items():
+        f, fu = t["fused"], t["fused untimed"]
+        c, cu = t["per-array comm"], t["per-array comm untimed"]
+        print(f"| {name} | {f * 1e3:.3f} | {fu * 1e3:.3f} | {f / fu:.3f} | {c * 1e3:.3f} "
+              f"| {cu * 1e3:.3f} | {c / cu:.3f} |")
 
 
 if __name__ == "__main__":

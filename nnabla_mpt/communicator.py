@@ -8,6 +8,7 @@ The class checks arguments, counts and dispatches; the work is done in modules n
 after it: ``_fused`` (the fused buffer of an all-reduce and its two reductions, through
 shared memory or through MPI collectives), ``broadcast`` (bcast and
 broadcast_parameters), ``shared_grads`` (share_grads and the free-space check),
+``collective_timeout`` (no collective waits forever),
 ``reduce_callback`` (all_reduce_callback: the reduction armed for the next solver
 operation) and ``abort`` (the exception hook and ``MPI_Abort``).
 """
@@ -23,7 +24,8 @@ from ._hostarray import dtype_of
 from ._validate import boolean
 from .abort import abort_job, install_excepthook
 from .reduce_callback import AllReduceCallback, DeferredAllReduce
-from .shared_grads import SharedGradients
+from .collective_timeout import DEFAULT_TIMEOUT, CollectiveTimeout, checked_timeout, timed
+from .shared_grads import ShareGrads, SharedGradients
 
 __all__ = ["MPICommunicator", "SharedGradients"]
 
@@ -73,7 +75,7 @@ def _resolved_algorithm(algorithm: str, local_size: int, size: int) -> str:
     return algorithm
 
 
-class MPICommunicator(AllReduceCallback):
+class MPICommunicator(AllReduceCallback, ShareGrads):
     """Data-parallel communicator for CPU training over MPI.
 
     It offers the part of nnabla's :class:`nnabla.communicators.Communicator` API that
@@ -102,6 +104,10 @@ class MPICommunicator(AllReduceCallback):
             machine, else ``"reduce_scatter"``), ``"shared_memory"`` (requires every rank
             on one machine; the constructor allocates its window, held until the program
             ends), ``"reduce_scatter"`` or ``"reduce_bcast"``.
+        timeout: Seconds a collective (an all-reduce, a broadcast, a barrier) may wait
+            for the other ranks before this rank logs that it timed out and ends the job
+            (``MPI_Abort``): a rank that left or stalls never leaves the others waiting
+            for good (:mod:`nnabla_mpt.collective_timeout`). Default 600; None waits forever.
 
     Attributes:
         n_all_reduce_calls (int): Number of :meth:`all_reduce` calls so far.
@@ -126,14 +132,17 @@ class MPICommunicator(AllReduceCallback):
     """
 
     def __init__(self, comm: Any = None, *, abort_on_exception: bool = True,
-                 algorithm: Algorithm = "auto") -> None:
+                 algorithm: Algorithm = "auto",
+                 timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
         from mpi4py import MPI  # imported here so that importing nnabla_mpt never starts MPI
 
         abort_on_exception = boolean("abort_on_exception", abort_on_exception)
+        timeout = checked_timeout(timeout)
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
         comm = _checked_comm(MPI, comm)
         self._comm, self._rank, self._size = comm, comm.Get_rank(), comm.Get_size()
+        self._timeout = CollectiveTimeout(timeout, self._rank, self._size, comm.Abort)
         self._local_rank, self._local_size = _rank_on_machine(MPI, comm)
         algorithm = _resolved_algorithm(algorithm, self._local_size, self._size)
         self._algorithm = algorithm
@@ -193,6 +202,7 @@ class MPICommunicator(AllReduceCallback):
                 f"local_rank={self._local_rank}, algorithm={self.algorithm!r})")
 
     # ------------------------------------------------------------------ collectives
+    @timed("all_reduce")
     def all_reduce(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]],
                    division: bool = False, inplace: bool = False,
                    group: str = "world") -> None:
@@ -241,6 +251,7 @@ class MPICommunicator(AllReduceCallback):
         finally:
             self.n_collectives += self._shm.barriers - before
 
+    @timed("bcast")
     def bcast(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]], src: int = 0,
               inplace: bool = False, group: str = "world") -> None:
         """Copy arrays from rank ``src`` to every rank, bit for bit.
@@ -269,6 +280,7 @@ class MPICommunicator(AllReduceCallback):
         check_group(group)
         self._bcast_arrays(arrays, src, names=None)
 
+    @timed("broadcast_parameters")
     def broadcast_parameters(self, params: Union[Dict[str, Any], Sequence[Any]],
                              src: int = 0) -> None:
         """Overwrite the parameter values of every rank with those of rank ``src``.
@@ -291,63 +303,7 @@ class MPICommunicator(AllReduceCallback):
         names, arrays = broadcast.parameter_arrays(params)
         self._bcast_arrays(arrays, src, names=names)
 
-    def share_grads(self, params: Union[Dict[str, Any], Sequence[Any]]) -> "SharedGradients":
-        """Put the gradients of ``params`` in memory shared by the ranks, end to end, so that
-        an :meth:`all_reduce` of them copies nothing.
-
-        Each parameter's ``.grad`` becomes an :class:`nnabla.NdArray` over its place in a
-        shared-memory window that holds every rank's gradients (current values kept).
-        An :meth:`all_reduce` of consecutive arrays of the returned
-        :attr:`SharedGradients.arrays` then sums them where they are: rank ``i`` adds
-        block ``i`` over the ranks' copies, in rank order, and writes the sum into every
-        copy; two barriers in all, whatever the size, and the same bits as the copying
-        path. It is what the loss-scaling updaters do with this communicator on float32
-        graphs (``shared_grads=``).
-
-        Zero the gradients with :meth:`SharedGradients.zero`, not ``solver.zero_grad()``,
-        which takes them out of the shared memory (see :class:`SharedGradients`).
-
-        Collective: every rank calls it with the same shapes, in the same order relative
-        to its other calls. The window (the gradients' size, in float32, per rank, in the
-        machine's shared memory, ``/dev/shm`` with MPICH) is held until the program ends.
-
-        Args:
-            params: A dict of name to :class:`nnabla.Variable` (such as
-                ``solver.get_parameters()``; the order is the dict's) or a list of
-                Variables.
-
-        Returns:
-            SharedGradients: the handle to zero the gradients and to pass to
-            :meth:`all_reduce`.
-
-        Raises:
-            TypeError: ``params`` or one of its values is not a Variable.
-            ValueError: ``params`` is empty or has a Variable twice, or this communicator
-                does not use ``algorithm="shared_memory"``.
-        """
-        variables = shared_grads.parameter_variables(params)
-        if self._algorithm != "shared_memory":
-            raise ValueError(f"share_grads needs algorithm='shared_memory' (every rank on "
-                             f"one machine); this communicator uses {self._algorithm!r}")
-        shortfall = self.shared_memory_shortfall(variables)
-        if shortfall:
-            raise ValueError(f"share_grads: {shortfall}")
-        shared = SharedGradients(variables, self._windows)
-        self.n_collectives += 1  # the barrier after zeroing the window
-        return shared
-
-    def shared_memory_shortfall(self, variables: Sequence["nn.Variable"]) -> str:
-        """Why the gradients of ``variables`` would not fit in this machine's shared memory,
-        or ``""`` if they fit (or the free space cannot be read).
-
-        The window of :meth:`share_grads` takes the gradients' size in float32 per rank
-        of this machine from ``/dev/shm`` (where MPICH allocates it); a full ``/dev/shm``
-        would kill the processes with ``SIGBUS`` at the first write instead of raising.
-        The ranks agree on the answer (one collective), so that they all decide alike.
-        """
-        self.n_collectives += 1  # the ranks' agreement on the answer
-        return shared_grads.shortfall(variables, self._comm, self._local_size)
-
+    @timed("barrier")
     def barrier(self) -> None:
         """Block until every rank has reached this call."""
         self.n_collectives += 1

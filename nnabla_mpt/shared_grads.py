@@ -5,7 +5,8 @@
 keeps them there; :func:`shortfall` checks first that the window fits in the machine's
 shared memory, where a full ``/dev/shm`` would otherwise kill the processes with ``SIGBUS``.
 :class:`GradientWindows` holds a communicator's windows and finds the arrays of an
-all-reduce in them.
+all-reduce in them. :class:`ShareGrads` gives :class:`~nnabla_mpt.MPICommunicator` its
+``share_grads`` and ``shared_memory_shortfall``.
 """
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -16,6 +17,7 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from . import _fused
+from .collective_timeout import timed
 
 __all__ = ["SharedGradients"]
 
@@ -187,3 +189,69 @@ class SharedGradients:
                     f"SharedGradients.zero(), or do not share them")
         else:
             self._streak = 0
+
+
+class ShareGrads:
+    """The shared-memory gradients of :class:`~nnabla_mpt.MPICommunicator`: its
+    :meth:`share_grads` and :meth:`shared_memory_shortfall` (it holds ``_comm``,
+    ``_algorithm``, ``_local_size``, ``_windows``, ``_timeout`` and ``n_collectives``).
+    """
+
+    @timed("share_grads")
+    def share_grads(self, params: Union[Dict[str, Any], Sequence[Any]]) -> "SharedGradients":
+        """Put the gradients of ``params`` in memory shared by the ranks, end to end, so that
+        an :meth:`all_reduce` of them copies nothing.
+
+        Each parameter's ``.grad`` becomes an :class:`nnabla.NdArray` over its place in a
+        shared-memory window that holds every rank's gradients (current values kept).
+        An :meth:`all_reduce` of consecutive arrays of the returned
+        :attr:`SharedGradients.arrays` then sums them where they are: rank ``i`` adds
+        block ``i`` over the ranks' copies, in rank order, and writes the sum into every
+        copy; two barriers in all, whatever the size, and the same bits as the copying
+        path. It is what the loss-scaling updaters do with this communicator on float32
+        graphs (``shared_grads=``).
+
+        Zero the gradients with :meth:`SharedGradients.zero`, not ``solver.zero_grad()``,
+        which takes them out of the shared memory (see :class:`SharedGradients`).
+
+        Collective: every rank calls it with the same shapes, in the same order relative
+        to its other calls. The window (the gradients' size, in float32, per rank, in the
+        machine's shared memory, ``/dev/shm`` with MPICH) is held until the program ends.
+
+        Args:
+            params: A dict of name to :class:`nnabla.Variable` (such as
+                ``solver.get_parameters()``; the order is the dict's) or a list of
+                Variables.
+
+        Returns:
+            SharedGradients: the handle to zero the gradients and to pass to
+            :meth:`all_reduce`.
+
+        Raises:
+            TypeError: ``params`` or one of its values is not a Variable.
+            ValueError: ``params`` is empty or has a Variable twice, or this communicator
+                does not use ``algorithm="shared_memory"``.
+        """
+        variables = parameter_variables(params)
+        if self._algorithm != "shared_memory":
+            raise ValueError(f"share_grads needs algorithm='shared_memory' (every rank on "
+                             f"one machine); this communicator uses {self._algorithm!r}")
+        missing = self.shared_memory_shortfall(variables)
+        if missing:
+            raise ValueError(f"share_grads: {missing}")
+        shared = SharedGradients(variables, self._windows)
+        self.n_collectives += 1  # the barrier after zeroing the window
+        return shared
+
+    @timed("shared_memory_shortfall")
+    def shared_memory_shortfall(self, variables: Sequence["nn.Variable"]) -> str:
+        """Why the gradients of ``variables`` would not fit in this machine's shared memory,
+        or ``""`` if they fit (or the free space cannot be read).
+
+        The window of :meth:`share_grads` takes the gradients' size in float32 per rank
+        of this machine from ``/dev/shm`` (where MPICH allocates it); a full ``/dev/shm``
+        would kill the processes with ``SIGBUS`` at the first write instead of raising.
+        The ranks agree on the answer (one collective), so that they all decide alike.
+        """
+        self.n_collectives += 1  # the ranks' agreement on the answer
+        return shortfall(variables, self._comm, self._local_size)
