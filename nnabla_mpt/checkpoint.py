@@ -9,12 +9,12 @@ Format (version 1): a NumPy ``.npz`` archive (no pickles) holding
 
 :func:`save` writes the archive through :func:`nnabla_mpt.atomic_file.write`: under a
 temporary name beside the target, flushed to disk and renamed over the target, so a crash
-leaves the previous file or the new one, never a partial one. :func:`load` reads and checks
+leaves the previous file or the new one, never a partial one; what is at the path must be
+a regular file or nothing (:mod:`nnabla_mpt.regular_file`). :func:`load` reads and checks
 everything before it changes anything: a file that is not a checkpoint, or a damaged one,
 is refused by its path with a ``ValueError``.
 """
 import json
-import os
 import zipfile
 import zlib
 from typing import Any, Callable, Dict, Mapping, Tuple
@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Mapping, Tuple
 import numpy as np
 
 from . import _validate as check
-from . import atomic_file
+from . import atomic_file, regular_file
 
 FORMAT = "nnabla_mpt.checkpoint"
 VERSION = 1
@@ -39,7 +39,7 @@ def save(path: str, params: Mapping[str, Any], solver, updater_state: Mapping) -
     def fill(f) -> None:
         _write_npz(f, _gathered(params, solver, updater_state))
 
-    atomic_file.write(os.fspath(path), fill, "the checkpoint")
+    atomic_file.write(check.path("path", path), fill, "the checkpoint")
 
 
 def _gathered(params: Mapping[str, Any], solver,
@@ -78,12 +78,15 @@ def load(path: str, params: Mapping[str, Any], solver,
     parameters and solver states written.
 
     Raises:
+        TypeError, ValueError: ``path`` is not a path (the message names ``path``).
         FileNotFoundError: there is no file at ``path``.
+        IsADirectoryError, OSError: ``path`` is a folder, a FIFO, a device or a socket
+            (:mod:`nnabla_mpt.regular_file`); refused before it is read.
         ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, or its
             parameters, solver states or updater state do not match (the message names
             ``path`` and lists the names).
     """
-    path = os.fspath(path)
+    path = check.path("path", path)
     meta, data = _read(path)
     states = solver.get_states()
     _check_names(path, meta, params, states)
@@ -110,23 +113,24 @@ def _corrupted(path: str, what: Any) -> ValueError:
 
 def _read(path: str) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """The checked metadata and the arrays of the checkpoint at ``path``."""
-    with open(path, "rb") as f:
+    with regular_file.open_for_reading(path, f"cannot load the checkpoint from {path!r}") as f:
         head = f.read(len(_ZIP_MAGIC))
-    if head != _ZIP_MAGIC:
-        raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint: "
-                         f"{'it is empty' if not head else 'not an .npz archive'}")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except _DAMAGED as error:
-        raise _corrupted(path, f"a damaged or truncated archive ({error})") from error
-    with archive:
-        if "meta" not in archive.files:
-            raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint (no metadata)")
+        if head != _ZIP_MAGIC:
+            raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint: "
+                             f"{'it is empty' if not head else 'not an .npz archive'}")
+        f.seek(0)
         try:
-            raw = archive["meta"]
-            data = {k: archive[k] for k in archive.files if k != "meta"}
+            archive = np.load(f, allow_pickle=False)
         except _DAMAGED as error:
-            raise _corrupted(path, f"a damaged archive ({error})") from error
+            raise _corrupted(path, f"a damaged or truncated archive ({error})") from error
+        with archive:
+            if "meta" not in archive.files:
+                raise ValueError(f"{path!r} is not an nnabla_mpt checkpoint (no metadata)")
+            try:
+                raw = archive["meta"]
+                data = {k: archive[k] for k in archive.files if k != "meta"}
+            except _DAMAGED as error:
+                raise _corrupted(path, f"a damaged archive ({error})") from error
     return _decoded_meta(path, raw), data
 
 
