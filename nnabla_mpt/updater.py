@@ -379,14 +379,14 @@ class _LossScalingUpdater(CollapseAttributes):
 
     def load_checkpoint(self, path: str) -> None:
         """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state;
-        all checked before anything is changed (settings it changes are logged as by
-        :meth:`load_state_dict`).
+        all checked first, each array from its header before it is read (settings it
+        changes are logged as by :meth:`load_state_dict`).
 
         Raises:
             OSError, TypeError: as :meth:`save_checkpoint` (no file: ``FileNotFoundError``).
             ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, or its
                 parameters, solver states or updater state do not match this updater (the
-                message names ``path`` and lists the names). Nothing is changed then.
+                message names ``path`` and the arrays). Nothing is changed then.
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)

@@ -3,8 +3,10 @@ nothing behind when it is killed, gives the file the permissions the user expect
 through a symlink; a foreign, damaged or crafted file is refused by name before anything is
 changed."""
 import fcntl
+import io
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import zipfile
 
 import numpy as np
@@ -483,4 +486,73 @@ def test_a_path_that_is_no_path_is_refused_by_name(tmp_path, monkeypatch, method
         getattr(updater, method)(value)
     assert str(info.value) == says
     assert os.listdir(tmp_path) == []
+
+
+# -- a crafted archive costs no more memory than the model -------------------------------
+
+GIB_OF_FLOAT32 = (16384, 16384)
+
+
+def _craft(source, target, key, header, data=b"", tail=b""):
+    """``source``'s archive with the member ``key`` made of ``header`` (an .npy header
+    dict), ``data`` and ``tail``, deflated: a small file whatever its header claims."""
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, header)
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(
+            target, "w", compression=zipfile.ZIP_DEFLATED) as new:
+        for info in old.infolist():
+            if info.filename != f"{key}.npy":
+                new.writestr(info.filename, old.read(info))
+        new.writestr(f"{key}.npy", member.getvalue() + data + tail)
+    assert os.path.getsize(target) < 1 << 20
+
+
+def _huge_param(s, t):
+    _craft(s, t, "param/out/affine/W",
+           {"descr": "<f4", "fortran_order": False, "shape": GIB_OF_FLOAT32}, b"\0" * 64)
+
+
+def _huge_meta(s, t):
+    _craft(s, t, "meta", {"descr": "|u1", "fortran_order": False, "shape": (1 << 30,)},
+           b"{}")
+
+
+def _long_tail(s, t):
+    with np.load(s) as archive:
+        w = archive["param/out/affine/W"]
+    _craft(s, t, "param/out/affine/W", {"descr": w.dtype.str, "fortran_order": False,
+                                        "shape": w.shape}, w.tobytes(), bytes(1 << 26))
+
+
+CRAFTED = {
+    "parameter claiming 1 GiB": (_huge_param, r"param/out/affine/W: \(16384, 16384\) in "
+                                              r"the file, \(3, 2\) here"),
+    "metadata claiming 1 GiB": (_huge_meta, r"is corrupted: its metadata claims 1073741824 "
+                                            r"bytes, more than the \d+ a checkpoint of this "
+                                            r"model holds"),
+    "parameter with 64 MiB past its data": (
+        _long_tail, r"is corrupted: a damaged archive \(the member 'param/out/affine/W\.npy' "
+                    r"holds more than the 24 bytes its header says\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_archive_is_refused_without_reading_what_it_claims(tmp_path, case):
+    net, solver, updater, good = _saved(tmp_path)
+    path = tmp_path / "crafted.npz"
+    craft, says = CRAFTED[case]
+    craft(good, path)
+    updater.update()
+    before = _everything(net, solver, updater)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as info:
+            updater.load_checkpoint(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"loading took {peak} bytes"
+    assert re.search(says, str(info.value)), str(info.value)
+    assert repr(str(path)) in str(info.value)
+    _assert_unchanged(net, solver, updater, before)
 
