@@ -14,8 +14,8 @@ a regular file or nothing (:mod:`nnabla_mpt.regular_file`). :func:`load` reads a
 everything before it changes anything: a file that is not a checkpoint, or a damaged one,
 is refused by its path with a ``ValueError``. It reads what the model holds and no more
 (:mod:`nnabla_mpt.checkpoint_archive`): every member's name, dtype and shape are checked
-from its ``.npy`` header against the model before any array is read, and the metadata may
-hold at most :func:`_meta_limit` bytes.
+from its ``.npy`` header against the model before any array is read, the metadata may hold
+at most :func:`_meta_limit` bytes, and values that are not finite are refused.
 """
 import contextlib
 import json
@@ -81,22 +81,23 @@ def load(path: str, params: Mapping[str, Any], solver,
 
     Everything is checked first: that ``path`` is a regular file, the archive, its
     metadata (the solver states' ``t`` included), every array's presence, shape and dtype
-    (from its header, before any array is read), and the updater state with
-    ``check_updater_state`` (which raises if it does not fit). Only then are the
-    parameters and solver states written.
+    (from its header, before any array is read), that every value is finite, and the
+    updater state with ``check_updater_state`` (which raises if it does not fit). Only
+    then are the parameters and solver states written.
 
     Raises:
         TypeError, ValueError: ``path`` is not a path (the message names ``path``).
         FileNotFoundError: there is no file at ``path``.
         IsADirectoryError, OSError: ``path`` is a folder, a FIFO, a device or a socket
             (:mod:`nnabla_mpt.regular_file`); refused before it is read.
-        ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, or its
-            parameters, solver states or updater state do not match (the message names
-            ``path`` and lists the names).
+        ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, its
+            parameters, solver states or updater state do not match, or it holds values
+            that are not finite (the message names ``path`` and lists the names).
     """
     path = check.path("path", path)
     states = solver.get_states()
     meta, data = _read(path, params, states)
+    _check_finite(path, data)
     try:
         check_updater_state(meta["updater"])
     except (TypeError, ValueError) as error:
@@ -246,6 +247,20 @@ def _check_headers(path: str, found: Mapping[str, Tuple[Any, Header]],
     if wrong:
         raise ValueError(f"arrays in {path!r} do not match the solver's shapes: "
                          f"{'; '.join(wrong)}")
+
+
+def _check_finite(path: str, data: Mapping[str, np.ndarray]) -> None:
+    """Every value in ``data`` is finite: a checkpoint of a run whose parameters or
+    solver states are inf or NaN would make every later step overflow."""
+    bad = []
+    for key, values in data.items():
+        count = values.size - int(np.count_nonzero(np.isfinite(values)))
+        if count:
+            bad.append(f"{key} ({count} of {values.size} values)")
+    if bad:
+        raise ValueError(f"{path!r} holds values that are not finite (inf or NaN) in "
+                         f"{'; '.join(bad)}: a run cannot resume from them, load an "
+                         f"earlier checkpoint")
 
 
 def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:

@@ -384,9 +384,9 @@ class _LossScalingUpdater(CollapseAttributes):
 
         Raises:
             OSError, TypeError: as :meth:`save_checkpoint` (no file: ``FileNotFoundError``).
-            ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, or its
-                parameters, solver states or updater state do not match this updater (the
-                message names ``path`` and the arrays). Nothing is changed then.
+            ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, holds inf or
+                NaN, or its parameters, solver states or updater state do not match this
+                updater (the message names ``path`` and the arrays). Nothing is changed.
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)

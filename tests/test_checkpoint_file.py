@@ -556,3 +556,25 @@ def test_a_crafted_archive_is_refused_without_reading_what_it_claims(tmp_path, c
     assert repr(str(path)) in str(info.value)
     _assert_unchanged(net, solver, updater, before)
 
+
+# -- values that are not finite ------------------------------------------------------------
+
+def test_a_checkpoint_of_values_that_are_not_finite_is_refused_naming_them(tmp_path):
+    net, solver, updater, good = _saved(tmp_path)
+    with np.load(good) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    arrays["param/out/affine/W"] = np.full_like(arrays["param/out/affine/W"], np.nan)
+    state = arrays["solver/out/affine/b/mean"].copy()
+    state[0] = np.inf
+    arrays["solver/out/affine/b/mean"] = state
+    path = tmp_path / "diverged.npz"
+    np.savez(path, **arrays)
+    updater.update()
+    before = _everything(net, solver, updater)
+    with pytest.raises(ValueError) as info:
+        updater.load_checkpoint(path)
+    assert str(info.value) == (
+        f"{str(path)!r} holds values that are not finite (inf or NaN) in "
+        f"param/out/affine/W (6 of 6 values); solver/out/affine/b/mean (1 of 2 values): a run "
+        f"cannot resume from them, load an earlier checkpoint")
+    _assert_unchanged(net, solver, updater, before)
