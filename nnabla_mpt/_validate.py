@@ -6,6 +6,7 @@ allowed. Pure Python: importable without nnabla.
 """
 import math
 import numbers
+import os
 from typing import Any, Iterable, Mapping, Optional
 
 
@@ -35,6 +36,21 @@ def real(name: str, value: Any, *, gt: Optional[float] = None, ge: Optional[floa
             or (lt is not None and not value < lt) or (le is not None and not value <= le)):
         raise ValueError(f"{name} must be {' and '.join(bounds)}, got {received!r}")
     return value
+
+
+def path(name: str, value: Any) -> str:
+    """Returns ``value`` (a ``str``, ``bytes`` or ``os.PathLike``) as a ``str`` path after
+    checking it names something: not empty, no NUL byte."""
+    try:
+        text = os.fsdecode(os.fspath(value))
+    except TypeError:
+        raise TypeError(f"{name} must be a path (a str or an os.PathLike), got {value!r} "
+                        f"of type {type(value).__name__}") from None
+    if not text:
+        raise ValueError(f"{name} must be a path, got the empty string {value!r}")
+    if "\0" in text:
+        raise ValueError(f"{name} must be a path, got {value!r}, which holds a NUL byte")
+    return text
 
 
 def integer(name: str, value: Any, *, ge: Optional[int] = None) -> int:

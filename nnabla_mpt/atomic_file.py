@@ -2,8 +2,9 @@
 
 :func:`write` is how a checkpoint reaches the disk:
 
-* Where: through a symlink, the link's target is replaced and the link stays. The folder
-  is checked before anything is written; the error names the user's path.
+* Where: through a symlink, the link's target is replaced and the link stays. The folder,
+  and that the target is a regular file or nothing (never a FIFO, a device, a socket or
+  a folder), are checked before anything is written; the error names the user's path.
 * The temporary: one per target, ``.<name>.tmp`` beside it, locked (``flock``) while a save
   writes it. A save that was killed leaves it behind; the next save to the same target
   finds it unlocked and replaces it, so killed saves never pile up. A second save to the
@@ -21,6 +22,8 @@ import os
 import stat
 from typing import BinaryIO, Callable
 
+from . import regular_file
+
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -34,6 +37,9 @@ def write(path: str, fill: Callable[[BinaryIO], None], what: str) -> None:
     Raises:
         FileNotFoundError, NotADirectoryError, IsADirectoryError: the folder does not exist,
             is not a folder, or ``path`` is a folder; checked before ``fill`` runs.
+        OSError: (``EINVAL``) a FIFO, a device or a socket is at ``path`` (or at the
+            target of the symlink ``path``); it is left as it is, checked before ``fill``
+            runs (:mod:`nnabla_mpt.regular_file`).
         OSError: writing failed; the message names ``path``, the previous file is intact
             and the temporary is removed.
     """
@@ -60,12 +66,11 @@ def write(path: str, fill: Callable[[BinaryIO], None], what: str) -> None:
 
 def _checked_target(path: str, what: str) -> str:
     """The file to replace: ``path``, or the target of the symlink ``path``; its folder
-    must exist."""
+    must exist, and what is there must be a regular file or nothing."""
     target = os.path.realpath(path)
     folder = os.path.dirname(target)
     prefix = f"cannot save {what} to {path!r}"
-    if os.path.isdir(target):
-        raise IsADirectoryError(errno.EISDIR, f"{prefix}: it is a folder")
+    regular_file.check_existing(target, prefix)
     if not os.path.isdir(folder):
         if os.path.lexists(folder):
             raise NotADirectoryError(errno.ENOTDIR, f"{prefix}: {folder!r} is not a folder")

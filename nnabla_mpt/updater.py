@@ -365,28 +365,28 @@ class _LossScalingUpdater(CollapseAttributes):
     def save_checkpoint(self, path: str) -> None:
         """Writes parameters, solver states and updater state to ``path`` atomically.
 
-        The file is written beside ``path`` as ``.<name>.tmp``, flushed to disk and renamed
-        over ``path``: a crash leaves the previous checkpoint or the new one, never a
-        partial file; the next save replaces a killed save's temporary. A new file gets
-        the umask's permissions, an existing one keeps its own; a symlink stays, its
-        target is replaced. The format: :mod:`nnabla_mpt.checkpoint`.
+        Written beside ``path`` as ``.<name>.tmp`` (a killed save's is replaced), flushed
+        and renamed over ``path``: a crash leaves the previous checkpoint or the new one.
+        A new file gets the umask's permissions, an existing one keeps its own, a
+        symlink's target is replaced. The format: :mod:`nnabla_mpt.checkpoint`.
 
         Raises:
-            OSError: the folder does not exist (``FileNotFoundError``, checked first) or
-                writing failed (the previous checkpoint stays); the message names ``path``.
+            TypeError, ValueError: ``path`` is not a path (not a str or PathLike, '', NUL).
+            OSError: no folder, or a folder, FIFO, device or socket at ``path`` (left as it
+                is; checked first), or writing failed (the old file stays); names ``path``.
         """
         checkpoint.save(path, self._params, self.solver, self.state_dict())
 
     def load_checkpoint(self, path: str) -> None:
         """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state;
-        all checked before anything is changed (settings it changes are logged as by
-        :meth:`load_state_dict`).
+        all checked first, each array from its header before it is read (settings it
+        changes are logged as by :meth:`load_state_dict`).
 
         Raises:
-            FileNotFoundError: there is no file at ``path``.
-            ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, or its
-                parameters, solver states or updater state do not match this updater (the
-                message names ``path`` and lists the names). Nothing is changed then.
+            OSError, TypeError: as :meth:`save_checkpoint` (no file: ``FileNotFoundError``).
+            ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, holds inf or
+                NaN, or its parameters, solver states or updater state do not match this
+                updater (the message names ``path`` and the arrays). Nothing is changed.
         """
         state = checkpoint.load(path, self._params, self.solver, self._check_state)
         self.load_state_dict(state)

@@ -3,13 +3,18 @@ nothing behind when it is killed, gives the file the permissions the user expect
 through a symlink; a foreign, damaged or crafted file is refused by name before anything is
 changed."""
 import fcntl
+import io
 import json
 import os
+import re
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import zipfile
 
 import numpy as np
@@ -347,3 +352,229 @@ def test_a_save_copies_the_arrays_without_dropping_their_other_copies(tmp_path):
                 values = var.data.get_data("r")
                 assert saved[f"solver/{name}/{key}"].dtype == values.dtype
                 assert saved[f"solver/{name}/{key}"].tobytes() == values.tobytes()
+
+
+# -- what is not a regular file: refused by name and left as it is -------------------------
+
+def _fifo(path):
+    os.mkfifo(path)
+    return stat.S_ISFIFO
+
+
+def _folder(path):
+    os.mkdir(path)
+    return stat.S_ISDIR
+
+
+def _socket(path):
+    # AF_UNIX addresses are short: bind the name relative to the folder, as the test's cwd.
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(os.path.basename(path))
+    return stat.S_ISSOCK
+
+
+def _device(path):
+    """A character device like /dev/null (major 1, minor 3) made in the test's folder:
+    where a save replaced it, only this copy is lost."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a device node needs CAP_MKNOD")
+    return stat.S_ISCHR
+
+
+def _link_to_fifo(path):
+    os.mkfifo(str(path) + ".fifo")
+    os.symlink(os.path.basename(str(path) + ".fifo"), path)
+    return stat.S_ISFIFO
+
+
+NOT_REGULAR = {"fifo": (_fifo, "a FIFO (named pipe)"), "folder": (_folder, "a folder"),
+               "socket": (_socket, "a socket"), "device": (_device, "a character device"),
+               "symlink to a fifo": (_link_to_fifo, "a FIFO (named pipe)")}
+
+
+def _what_is_at(path):
+    st = os.stat(path)
+    return stat.S_IFMT(st.st_mode), st.st_ino
+
+
+@pytest.mark.parametrize("case", sorted(NOT_REGULAR))
+def test_save_refuses_what_is_not_a_regular_file_and_leaves_it(tmp_path, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    make, kind = NOT_REGULAR[case]
+    path = tmp_path / "ckpt.npz"
+    is_kind = make(path)
+    before, listed = _what_is_at(path), sorted(os.listdir(tmp_path))
+    _, _, updater = _adam_run()
+    with pytest.raises(OSError) as info:
+        updater.save_checkpoint(path)
+    assert str(info.value).endswith(
+        f"cannot save the checkpoint to {str(path)!r}: it is {kind}"
+        + ("" if kind == "a folder" else ", not a regular file")), str(info.value)
+    assert is_kind(os.stat(path).st_mode) and _what_is_at(path) == before
+    assert sorted(os.listdir(tmp_path)) == listed      # no temporary left either
+
+
+def test_saving_to_dev_null_is_refused_and_dev_null_stays_a_device(tmp_path):
+    # Proven first on a FIFO of our own (the same check refuses devices): a save that
+    # replaced what is at its path must not get to replace the machine's /dev/null.
+    _, _, updater = _adam_run()
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OSError, match="it is a FIFO"):
+        updater.save_checkpoint(tmp_path / "fifo")
+    before = _what_is_at("/dev/null")
+    with pytest.raises(OSError, match=r"'/dev/null': it is a character device, not a "
+                                      r"regular file"):
+        updater.save_checkpoint("/dev/null")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and _what_is_at("/dev/null") == before
+    assert not os.path.lexists("/dev/.null.tmp")
+
+
+def _release_a_blocked_reader(fifo, done, seconds=5.0):
+    """Opens ``fifo`` for writing and closes it if ``done`` is not set within ``seconds``:
+    a load blocked in opening it goes on (and reads nothing) instead of hanging the test."""
+    def release():
+        if not done.wait(seconds):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass          # no reader waits
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("case", sorted(NOT_REGULAR) + ["/dev/zero"])
+def test_load_refuses_what_is_not_a_regular_file_at_once(tmp_path, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    net, solver, updater = _adam_run()
+    if case == "/dev/zero":
+        path, kind = "/dev/zero", "a character device"
+    else:
+        make, kind = NOT_REGULAR[case]
+        path = str(tmp_path / "ckpt.npz")
+        make(path)
+    updater.update()
+    before = _everything(net, solver, updater)
+    done = threading.Event()
+    releaser = _release_a_blocked_reader(path, done)
+    start = time.monotonic()
+    try:
+        with pytest.raises(OSError) as info:
+            updater.load_checkpoint(path)
+    finally:
+        done.set()
+        releaser.join()
+    assert time.monotonic() - start < 2.0
+    assert f"cannot load the checkpoint from {path!r}: it is {kind}" in str(info.value)
+    _assert_unchanged(net, solver, updater, before)
+
+
+@pytest.mark.parametrize("method", ["save_checkpoint", "load_checkpoint"])
+@pytest.mark.parametrize("value, error, says", [
+    (123, TypeError, "path must be a path (a str or an os.PathLike), got 123 of type int"),
+    ("", ValueError, "path must be a path, got the empty string ''"),
+    ("ckpt\0.npz", ValueError, "path must be a path, got 'ckpt\\x00.npz', which holds a "
+                               "NUL byte"),
+], ids=["int", "empty", "nul"])
+def test_a_path_that_is_no_path_is_refused_by_name(tmp_path, monkeypatch, method, value,
+                                                   error, says):
+    monkeypatch.chdir(tmp_path)
+    _, _, updater = _adam_run()
+    with pytest.raises(error) as info:
+        getattr(updater, method)(value)
+    assert str(info.value) == says
+    assert os.listdir(tmp_path) == []
+
+
+# -- a crafted archive costs no more memory than the model -------------------------------
+
+GIB_OF_FLOAT32 = (16384, 16384)
+
+
+def _craft(source, target, key, header, data=b"", tail=b""):
+    """``source``'s archive with the member ``key`` made of ``header`` (an .npy header
+    dict), ``data`` and ``tail``, deflated: a small file whatever its header claims."""
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, header)
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(
+            target, "w", compression=zipfile.ZIP_DEFLATED) as new:
+        for info in old.infolist():
+            if info.filename != f"{key}.npy":
+                new.writestr(info.filename, old.read(info))
+        new.writestr(f"{key}.npy", member.getvalue() + data + tail)
+    assert os.path.getsize(target) < 1 << 20
+
+
+def _huge_param(s, t):
+    _craft(s, t, "param/out/affine/W",
+           {"descr": "<f4", "fortran_order": False, "shape": GIB_OF_FLOAT32}, b"\0" * 64)
+
+
+def _huge_meta(s, t):
+    _craft(s, t, "meta", {"descr": "|u1", "fortran_order": False, "shape": (1 << 30,)},
+           b"{}")
+
+
+def _long_tail(s, t):
+    with np.load(s) as archive:
+        w = archive["param/out/affine/W"]
+    _craft(s, t, "param/out/affine/W", {"descr": w.dtype.str, "fortran_order": False,
+                                        "shape": w.shape}, w.tobytes(), bytes(1 << 26))
+
+
+CRAFTED = {
+    "parameter claiming 1 GiB": (_huge_param, r"param/out/affine/W: \(16384, 16384\) in "
+                                              r"the file, \(3, 2\) here"),
+    "metadata claiming 1 GiB": (_huge_meta, r"is corrupted: its metadata claims 1073741824 "
+                                            r"bytes, more than the \d+ a checkpoint of this "
+                                            r"model holds"),
+    "parameter with 64 MiB past its data": (
+        _long_tail, r"is corrupted: a damaged archive \(the member 'param/out/affine/W\.npy' "
+                    r"holds more than the 24 bytes its header says\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_archive_is_refused_without_reading_what_it_claims(tmp_path, case):
+    net, solver, updater, good = _saved(tmp_path)
+    path = tmp_path / "crafted.npz"
+    craft, says = CRAFTED[case]
+    craft(good, path)
+    updater.update()
+    before = _everything(net, solver, updater)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as info:
+            updater.load_checkpoint(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"loading took {peak} bytes"
+    assert re.search(says, str(info.value)), str(info.value)
+    assert repr(str(path)) in str(info.value)
+    _assert_unchanged(net, solver, updater, before)
+
+
+# -- values that are not finite ------------------------------------------------------------
+
+def test_a_checkpoint_of_values_that_are_not_finite_is_refused_naming_them(tmp_path):
+    net, solver, updater, good = _saved(tmp_path)
+    with np.load(good) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    arrays["param/out/affine/W"] = np.full_like(arrays["param/out/affine/W"], np.nan)
+    state = arrays["solver/out/affine/b/mean"].copy()
+    state[0] = np.inf
+    arrays["solver/out/affine/b/mean"] = state
+    path = tmp_path / "diverged.npz"
+    np.savez(path, **arrays)
+    updater.update()
+    before = _everything(net, solver, updater)
+    with pytest.raises(ValueError) as info:
+        updater.load_checkpoint(path)
+    assert str(info.value) == (
+        f"{str(path)!r} holds values that are not finite (inf or NaN) in "
+        f"param/out/affine/W (6 of 6 values); solver/out/affine/b/mean (1 of 2 values): a run "
+        f"cannot resume from them, load an earlier checkpoint")
+    _assert_unchanged(net, solver, updater, before)
