@@ -19,6 +19,7 @@ from nnabla.logger import logger
 from . import _validate as check
 from . import graph
 from .detector import OverflowMode
+from .dtypes import FloatType
 from .policy import GROWTH_MODES, DynamicLossScale, FixedLossScale, GrowthMode
 from .precision import PrecisionSchedule
 
@@ -416,10 +417,13 @@ OPTION_OF_SETTING = {"growth_factor": "scaling_factor", "growth_interval": "N"}
 
 
 def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
-                   ceiling: float) -> DynamicLossScale:
-    """The policy of the dynamic updater, its bounds checked against each other; its upper
-    bound is ``min(max_scale, ceiling)``, the largest scale the loss's dtype can seed."""
+                   dtype: FloatType) -> DynamicLossScale:
+    """The policy of the dynamic updater, its bounds checked against each other and
+    against ``dtype``, the loss's type, which ``loss.backward(scale)`` seeds: its upper
+    bound is ``min(max_scale, ceiling)``, the largest power of two ``dtype`` holds, and a
+    scale below its smallest positive value is refused (0 there)."""
     lo, hi, scale = values["min_scale"], values["max_scale"], values["scale"]
+    ceiling = dtype.max_power_of_two
     if lo > hi:
         raise ValueError(f"min_scale must be <= max_scale, got min_scale="
                          f"{given['min_scale']!r} and max_scale={given['max_scale']!r}")
@@ -427,6 +431,8 @@ def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
         raise ValueError(f"min_scale={given['min_scale']!r} is above {ceiling:g}, the largest "
                          f"power of two the loss's dtype holds: backward(scale) would seed "
                          f"inf at every scale allowed")
+    for name in ("scale", "min_scale"):
+        seedable(name, given[name], values[name], dtype)
     if scale != "auto" and not lo <= scale <= hi:
         raise ValueError(f"scale must lie in [min_scale, max_scale] = [{lo:g}, {hi:g}], "
                          f"got scale={given['scale']!r}")
@@ -447,19 +453,32 @@ def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
                             growth_mode=values["growth_mode"])
 
 
-def fixed_policy(values: Mapping[str, Any], ceiling: float) -> FixedLossScale:
-    """The policy of the fixed updater; the scale must be one the loss's dtype can seed,
-    and retries need the overflow check."""
+def fixed_policy(values: Mapping[str, Any], dtype: FloatType) -> FixedLossScale:
+    """The policy of the fixed updater; the scale must be one the loss's dtype ``dtype``
+    can seed, and retries need the overflow check."""
     if values["max_retries"] and not values["enable_overflow_check"]:
         raise ValueError(f"max_retries={values['max_retries']!r} needs "
                          f"enable_overflow_check=True: without the check no step is ever "
                          f"skipped")
     policy = FixedLossScale(values["scale"])
+    ceiling = dtype.max_power_of_two
     if policy.loss_scale > ceiling:
         raise ValueError(f"scale={values['scale']!r} is above {ceiling:g}, the largest power "
                          f"of two the loss's dtype holds: backward(scale) seeds the pass in "
                          f"that dtype, so every step would overflow; use scale <= {ceiling:g}")
+    seedable("scale", values["scale"], policy.loss_scale, dtype)
     return policy
+
+
+def seedable(name: str, given: Any, value: Any, dtype: FloatType) -> None:
+    """Refuses a scale ``value`` (given as ``given``; ``"auto"`` passes) below the smallest
+    positive value of ``dtype``: ``loss.backward(scale)`` seeds the pass in that dtype,
+    where the scale would be 0 (or rounded up), and every gradient with it."""
+    if value != "auto" and value < dtype.smallest:
+        raise ValueError(f"{name}={given!r} is below {dtype.smallest:g}, the smallest positive "
+                         f"{dtype.name} (the loss's dtype): backward(scale) seeds the pass in "
+                         f"that dtype, where it is 0 (or rounded up), and every gradient "
+                         f"would be 0; use {name} >= {dtype.smallest:g}")
 
 
 def backward_reduction(values: Mapping[str, Any], losses: Sequence["nn.Variable"],
