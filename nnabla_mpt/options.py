@@ -20,6 +20,7 @@ from . import _validate as check
 from . import graph
 from .detector import OverflowMode
 from .dtypes import FloatType
+from .feeder import checked_feeder
 from .policy import GROWTH_MODES, DynamicLossScale, FixedLossScale, GrowthMode
 from .precision import PrecisionSchedule
 
@@ -61,12 +62,6 @@ def _choice(*allowed: str) -> Callable[[str, Any], str]:
     return lambda name, value: check.choice(name, value, allowed)
 
 
-def _callable_or_none(name: str, value: Any) -> Any:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be callable or None, got {value!r}")
-    return value
-
-
 def _communicator(name: str, comm: Any) -> Any:
     if comm is None:
         return None
@@ -104,7 +99,10 @@ def _step_hook(name: str, monitor: Any) -> Any:
 DATA_FEEDER = Option(
     "data_feeder", None, Optional[Callable[[], Any]],
     "Called with no arguments before every forward to load the next batch into the input "
-    "Variables; None when the inputs are already filled.", _callable_or_none)
+    "Variables (``x.d = ...``); what it returns is ignored. None when the inputs are "
+    "already filled. One that needs an argument is refused (``TypeError``); one that "
+    "returns something (the batch, instead of writing it) is warned about at its first "
+    "call.", checked_feeder)
 def _scale_or_auto(name: str, value: Any) -> Any:
     if isinstance(value, str):
         if value != "auto":

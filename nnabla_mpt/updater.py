@@ -28,6 +28,7 @@ from . import abort, agreement, checkpoint, graph, options, updater_state
 from .collapse import CollapseAttributes, CollapseWatch
 from .detector import BatchCheck, OverflowDetector, overflow_check
 from .dtypes import FloatType
+from .feeder import DataFeeder
 from .gradient_stats import GradientStats
 from .measured import ScaleMeter
 from .seed import BackwardSeed
@@ -102,6 +103,9 @@ class _LossScalingUpdater(CollapseAttributes):
             scales ``loss.backward(scale)`` can seed.
         values: The checked values of the updater's options (``UpdaterSignature.bind``).
     """
+
+    #: The feeder given as ``data_feeder=``; may be replaced (checked again).
+    data_feeder = DataFeeder()
 
     def __init__(self, solver, loss, make_policy: Callable[[FloatType], Any],
                  values: Mapping[str, Any]) -> None:
@@ -230,7 +234,7 @@ class _LossScalingUpdater(CollapseAttributes):
         scaled = precision != "float" or self.schedule is None
         fed = scaled and self._meter.calibration_pending   # scale="auto": measure first
         if fed:
-            self._meter.calibrate(self.data_feeder, lambda: recorder.forward(losses, 0, False),
+            self._meter.calibrate(self._feed, lambda: recorder.forward(losses, 0, False),
                                   self._zero_grads)
         scale = self.policy.get_loss_scale() if scaled else 1.0
         watch = self._meter.growth_watch() if scaled else None
@@ -296,8 +300,9 @@ class _LossScalingUpdater(CollapseAttributes):
         self._zero_grads()
         for i in range(self.accum_grad):
             if i or not fed:
-                if self.data_feeder is not None:
-                    self.data_feeder()
+                feed = self._feed
+                if feed is not None:
+                    feed()
                 recorder.forward(losses, i, clear)
             callbacks = reduce if i == last else None
             if watch is None:
