@@ -143,8 +143,10 @@ COMM = Option(
     "``MultiProcessDataParallelCommunicator``) for data-parallel training, or None.",
     _communicator)
 GRADS = Option("grads", None, Optional[Sequence[nn.NdArray]],
-               "Gradients to all-reduce; None means those of all the solver's parameters.",
-               _ndarrays)
+               "Gradients to all-reduce with ``comm``; None means those of all the "
+               "solver's parameters. Without ``comm`` there is nothing to reduce: a "
+               "non-empty list is ignored with a warning (accepted, as nnabla's updater "
+               "accepts it), ``[]`` (nnabla's default) silently.", _ndarrays)
 
 BACKOFF_FACTOR = Option(
     "backoff_factor", None, Optional[float],
@@ -523,7 +525,9 @@ def exchanged_grads(values: Mapping[str, Any],
     """``grads`` with ``comm``: None stands for all of the solver's gradients; given with
     a communicator, they must be the gradients of every one of the solver's parameters
     (a parameter left out would train on this rank's gradients alone, and the ranks'
-    parameters would drift apart)."""
+    parameters would drift apart). Without a communicator a non-empty ``grads`` is
+    accepted (as nnabla's updater accepts it) with a warning that it is ignored, and
+    ``[]`` silently."""
     grads, comm = values["grads"], values["comm"]
     if grads is not None and len(grads) == 0:
         if comm is None:
@@ -531,6 +535,12 @@ def exchanged_grads(values: Mapping[str, Any],
         raise ValueError("grads must not be empty when a communicator is given: grads=[] "
                          "would exchange nothing; pass grads=None to exchange the gradients "
                          "of all the solver's parameters")
+    if grads is not None and comm is None:
+        logger.warning(f"nnabla_mpt: grads (a list of {len(grads)} arrays) is ignored "
+                       f"without a communicator: grads names the gradients to all-reduce "
+                       f"over the ranks, and there are none; every gradient of the solver "
+                       f"is used as it is. Pass comm=... to exchange them, or leave grads "
+                       f"out")
     if values["shared_grads"] and comm is None:
         raise ValueError("shared_grads=True needs a communicator (comm=...): the "
                          "gradients are placed in the communicator's shared memory")
