@@ -138,8 +138,14 @@ def float_context(loss):
     return nn.Context(list(dict.fromkeys(backends)), ctx.array_class, ctx.device_id)
 
 
+def float_type_of(loss):
+    """The :class:`~nnabla_mpt.dtypes.FloatType` of the loss's dtype: the type
+    ``loss.backward(scale)`` seeds the pass in, which bounds the scale."""
+    from .dtypes import float_type
+    return float_type(loss_dtype(loss))
+
+
 def ceiling_of(loss) -> float:
     """The largest loss scale ``loss.backward(scale)`` can seed: the largest power of two
     of the loss's dtype (``2**15`` for float16)."""
-    from .dtypes import float_type
-    return float_type(loss_dtype(loss)).max_power_of_two
+    return float_type_of(loss).max_power_of_two

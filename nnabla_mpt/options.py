@@ -19,6 +19,8 @@ from nnabla.logger import logger
 from . import _validate as check
 from . import graph
 from .detector import OverflowMode
+from .dtypes import FloatType
+from .feeder import checked_feeder
 from .policy import GROWTH_MODES, DynamicLossScale, FixedLossScale, GrowthMode
 from .precision import PrecisionSchedule
 
@@ -60,12 +62,6 @@ def _choice(*allowed: str) -> Callable[[str, Any], str]:
     return lambda name, value: check.choice(name, value, allowed)
 
 
-def _callable_or_none(name: str, value: Any) -> Any:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be callable or None, got {value!r}")
-    return value
-
-
 def _communicator(name: str, comm: Any) -> Any:
     if comm is None:
         return None
@@ -103,7 +99,10 @@ def _step_hook(name: str, monitor: Any) -> Any:
 DATA_FEEDER = Option(
     "data_feeder", None, Optional[Callable[[], Any]],
     "Called with no arguments before every forward to load the next batch into the input "
-    "Variables; None when the inputs are already filled.", _callable_or_none)
+    "Variables (``x.d = ...``); what it returns is ignored. None when the inputs are "
+    "already filled. One that needs an argument is refused (``TypeError``); one that "
+    "returns something (the batch, instead of writing it) is warned about at its first "
+    "call.", checked_feeder)
 def _scale_or_auto(name: str, value: Any) -> Any:
     if isinstance(value, str):
         if value != "auto":
@@ -144,8 +143,10 @@ COMM = Option(
     "``MultiProcessDataParallelCommunicator``) for data-parallel training, or None.",
     _communicator)
 GRADS = Option("grads", None, Optional[Sequence[nn.NdArray]],
-               "Gradients to all-reduce; None means those of all the solver's parameters.",
-               _ndarrays)
+               "Gradients to all-reduce with ``comm``; None means those of all the "
+               "solver's parameters. Without ``comm`` there is nothing to reduce: a "
+               "non-empty list is ignored with a warning (accepted, as nnabla's updater "
+               "accepts it), ``[]`` (nnabla's default) silently.", _ndarrays)
 
 BACKOFF_FACTOR = Option(
     "backoff_factor", None, Optional[float],
@@ -416,10 +417,13 @@ OPTION_OF_SETTING = {"growth_factor": "scaling_factor", "growth_interval": "N"}
 
 
 def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
-                   ceiling: float) -> DynamicLossScale:
-    """The policy of the dynamic updater, its bounds checked against each other; its upper
-    bound is ``min(max_scale, ceiling)``, the largest scale the loss's dtype can seed."""
+                   dtype: FloatType) -> DynamicLossScale:
+    """The policy of the dynamic updater, its bounds checked against each other and
+    against ``dtype``, the loss's type, which ``loss.backward(scale)`` seeds: its upper
+    bound is ``min(max_scale, ceiling)``, the largest power of two ``dtype`` holds, and a
+    scale below its smallest positive value is refused (0 there)."""
     lo, hi, scale = values["min_scale"], values["max_scale"], values["scale"]
+    ceiling = dtype.max_power_of_two
     if lo > hi:
         raise ValueError(f"min_scale must be <= max_scale, got min_scale="
                          f"{given['min_scale']!r} and max_scale={given['max_scale']!r}")
@@ -427,6 +431,8 @@ def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
         raise ValueError(f"min_scale={given['min_scale']!r} is above {ceiling:g}, the largest "
                          f"power of two the loss's dtype holds: backward(scale) would seed "
                          f"inf at every scale allowed")
+    for name in ("scale", "min_scale"):
+        seedable(name, given[name], values[name], dtype)
     if scale != "auto" and not lo <= scale <= hi:
         raise ValueError(f"scale must lie in [min_scale, max_scale] = [{lo:g}, {hi:g}], "
                          f"got scale={given['scale']!r}")
@@ -447,19 +453,32 @@ def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
                             growth_mode=values["growth_mode"])
 
 
-def fixed_policy(values: Mapping[str, Any], ceiling: float) -> FixedLossScale:
-    """The policy of the fixed updater; the scale must be one the loss's dtype can seed,
-    and retries need the overflow check."""
+def fixed_policy(values: Mapping[str, Any], dtype: FloatType) -> FixedLossScale:
+    """The policy of the fixed updater; the scale must be one the loss's dtype ``dtype``
+    can seed, and retries need the overflow check."""
     if values["max_retries"] and not values["enable_overflow_check"]:
         raise ValueError(f"max_retries={values['max_retries']!r} needs "
                          f"enable_overflow_check=True: without the check no step is ever "
                          f"skipped")
     policy = FixedLossScale(values["scale"])
+    ceiling = dtype.max_power_of_two
     if policy.loss_scale > ceiling:
         raise ValueError(f"scale={values['scale']!r} is above {ceiling:g}, the largest power "
                          f"of two the loss's dtype holds: backward(scale) seeds the pass in "
                          f"that dtype, so every step would overflow; use scale <= {ceiling:g}")
+    seedable("scale", values["scale"], policy.loss_scale, dtype)
     return policy
+
+
+def seedable(name: str, given: Any, value: Any, dtype: FloatType) -> None:
+    """Refuses a scale ``value`` (given as ``given``; ``"auto"`` passes) below the smallest
+    positive value of ``dtype``: ``loss.backward(scale)`` seeds the pass in that dtype,
+    where the scale would be 0 (or rounded up), and every gradient with it."""
+    if value != "auto" and value < dtype.smallest:
+        raise ValueError(f"{name}={given!r} is below {dtype.smallest:g}, the smallest positive "
+                         f"{dtype.name} (the loss's dtype): backward(scale) seeds the pass in "
+                         f"that dtype, where it is 0 (or rounded up), and every gradient "
+                         f"would be 0; use {name} >= {dtype.smallest:g}")
 
 
 def backward_reduction(values: Mapping[str, Any], losses: Sequence["nn.Variable"],
@@ -506,7 +525,9 @@ def exchanged_grads(values: Mapping[str, Any],
     """``grads`` with ``comm``: None stands for all of the solver's gradients; given with
     a communicator, they must be the gradients of every one of the solver's parameters
     (a parameter left out would train on this rank's gradients alone, and the ranks'
-    parameters would drift apart)."""
+    parameters would drift apart). Without a communicator a non-empty ``grads`` is
+    accepted (as nnabla's updater accepts it) with a warning that it is ignored, and
+    ``[]`` silently."""
     grads, comm = values["grads"], values["comm"]
     if grads is not None and len(grads) == 0:
         if comm is None:
@@ -514,6 +535,12 @@ def exchanged_grads(values: Mapping[str, Any],
         raise ValueError("grads must not be empty when a communicator is given: grads=[] "
                          "would exchange nothing; pass grads=None to exchange the gradients "
                          "of all the solver's parameters")
+    if grads is not None and comm is None:
+        logger.warning(f"nnabla_mpt: grads (a list of {len(grads)} arrays) is ignored "
+                       f"without a communicator: grads names the gradients to all-reduce "
+                       f"over the ranks, and there are none; every gradient of the solver "
+                       f"is used as it is. Pass comm=... to exchange them, or leave grads "
+                       f"out")
     if values["shared_grads"] and comm is None:
         raise ValueError("shared_grads=True needs a communicator (comm=...): the "
                          "gradients are placed in the communicator's shared memory")

@@ -16,7 +16,7 @@ Example:
     >>> policy.loss_scale
     1024.0
 """
-from typing import Any, Dict, Literal, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Literal, Mapping, Optional, Tuple
 
 from . import _validate as check
 from .dtypes import FLOATS
@@ -91,26 +91,14 @@ class DynamicLossScale:
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
                  hysteresis: int = 1, min_scale: float = 1.0,
                  max_scale: float = 2.0 ** 24, growth_mode: GrowthMode = "probe") -> None:
-        self.growth_factor = check.real("growth_factor", growth_factor, gt=1.0)
-        self.backoff_factor = check.real("backoff_factor", backoff_factor, gt=0.0, lt=1.0)
-        self.growth_interval = check.integer("growth_interval", growth_interval, ge=1)
-        self.hysteresis = check.integer("hysteresis", hysteresis, ge=1)
-        self.min_scale = _scale_value("min_scale", min_scale, gt=0.0)
-        self.max_scale = check.real("max_scale", max_scale, gt=0.0)
-        self.growth_mode = check.choice("growth_mode", growth_mode, GROWTH_MODES)
-        if self.min_scale > self.max_scale:
-            raise ValueError(f"min_scale must be <= max_scale, got min_scale={min_scale!r} "
-                             f"and max_scale={max_scale!r}")
-        self._scale = self._in_bounds("init_scale", init_scale)
+        settings = {"scale": init_scale, "growth_factor": growth_factor,
+                    "backoff_factor": backoff_factor, "growth_interval": growth_interval,
+                    "hysteresis": hysteresis, "min_scale": min_scale, "max_scale": max_scale,
+                    "growth_mode": growth_mode}
+        self.__dict__.update(_checked_dynamic(
+            settings, lambda key: "init_scale" if key == "scale" else key))
         self._good_steps = 0
         self._hysteresis_left = self.hysteresis
-
-    def _in_bounds(self, name: str, scale: Any) -> float:
-        value = _scale_value(name, scale, gt=0.0)
-        if not self.min_scale <= value <= self.max_scale:
-            raise ValueError(f"{name} must lie in [min_scale, max_scale] = "
-                             f"[{self.min_scale:g}, {self.max_scale:g}], got {scale!r}")
-        return value
 
     @property
     def loss_scale(self) -> float:
@@ -123,7 +111,7 @@ class DynamicLossScale:
 
     def set_loss_scale(self, scale: float) -> None:
         """Sets the scale, checked against the bounds; restarts the growth count."""
-        self._scale = self._in_bounds("scale", scale)
+        self._scale = _scale_in("scale", scale, self.min_scale, self.max_scale)
         self._good_steps = 0
 
     @property
@@ -196,27 +184,26 @@ class DynamicLossScale:
                 "min_scale": self.min_scale, "max_scale": self.max_scale,
                 "growth_mode": self.growth_mode}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, name: str = "state") -> None:
         """Restores what :meth:`state_dict` returned; all or nothing.
 
         A state of version 1 (before ``growth_mode`` existed) loads as ``"probe"``.
+        ``name``: how messages name the state (``"state['policy']"`` in an updater's
+        state); a value is named by its key in it, e.g. ``state['scale']``.
         """
         state = _upgraded(state)
-        _check_kind(state, self.kind)
-        check.exact_keys("state", state, self._STATE_KEYS)
-        check.version("state", state, _DYNAMIC_STATE_VERSION)
-        fresh = DynamicLossScale(
-            init_scale=state["scale"], growth_factor=state["growth_factor"],
-            backoff_factor=state["backoff_factor"], growth_interval=state["growth_interval"],
-            hysteresis=state["hysteresis"], min_scale=state["min_scale"],
-            max_scale=state["max_scale"], growth_mode=state["growth_mode"])
-        good = check.integer("state['good_steps']", state["good_steps"], ge=0)
-        left = check.integer("state['hysteresis_left']", state["hysteresis_left"], ge=0)
-        if good >= fresh.growth_interval or left > fresh.hysteresis:
-            raise ValueError(f"state is inconsistent: good_steps={good} must be < "
-                             f"growth_interval={fresh.growth_interval} and hysteresis_left="
-                             f"{left} <= hysteresis={fresh.hysteresis}")
-        self.__dict__.update(fresh.__dict__)
+        _check_kind(state, self.kind, name)
+        check.exact_keys(name, state, self._STATE_KEYS)
+        check.version(name, state, _DYNAMIC_STATE_VERSION)
+        key = lambda k: f"{name}[{k!r}]"    # noqa: E731
+        fresh = _checked_dynamic(state, key)
+        good = check.integer(key("good_steps"), state["good_steps"], ge=0)
+        left = check.integer(key("hysteresis_left"), state["hysteresis_left"], ge=0)
+        if good >= fresh["growth_interval"] or left > fresh["hysteresis"]:
+            raise ValueError(f"{name} is inconsistent: good_steps={good} must be < "
+                             f"growth_interval={fresh['growth_interval']} and hysteresis_left="
+                             f"{left} <= hysteresis={fresh['hysteresis']}")
+        self.__dict__.update(fresh)
         self._good_steps = good
         self._hysteresis_left = left
 
@@ -236,10 +223,43 @@ class DynamicLossScale:
                 f"growth_mode={self.growth_mode!r})")
 
 
-def _check_kind(state: Any, kind: str) -> None:
+def _checked_dynamic(values: Mapping[str, Any], name: Callable[[str], str]) -> Dict[str, Any]:
+    """The attributes of a :class:`DynamicLossScale` from ``values``, its settings and
+    ``"scale"`` (the keys of its state), each checked; ``name(key)``: how messages name a
+    value (``init_scale`` in the constructor, ``state['scale']`` in a state)."""
+    lo, hi = name("min_scale"), name("max_scale")
+    fields = {
+        "growth_factor": check.real(name("growth_factor"), values["growth_factor"], gt=1.0),
+        "backoff_factor": check.real(name("backoff_factor"), values["backoff_factor"],
+                                     gt=0.0, lt=1.0),
+        "growth_interval": check.integer(name("growth_interval"), values["growth_interval"],
+                                         ge=1),
+        "hysteresis": check.integer(name("hysteresis"), values["hysteresis"], ge=1),
+        "min_scale": _scale_value(lo, values["min_scale"], gt=0.0),
+        "max_scale": check.real(hi, values["max_scale"], gt=0.0),
+        "growth_mode": check.choice(name("growth_mode"), values["growth_mode"], GROWTH_MODES),
+    }
+    if fields["min_scale"] > fields["max_scale"]:
+        raise ValueError(f"{lo} must be <= {hi}, got {lo}={values['min_scale']!r} and "
+                         f"{hi}={values['max_scale']!r}")
+    fields["_scale"] = _scale_in(name("scale"), values["scale"], fields["min_scale"],
+                                 fields["max_scale"])
+    return fields
+
+
+def _scale_in(name: str, scale: Any, min_scale: float, max_scale: float) -> float:
+    """``scale``, checked to lie in ``[min_scale, max_scale]``."""
+    value = _scale_value(name, scale, gt=0.0)
+    if not min_scale <= value <= max_scale:
+        raise ValueError(f"{name} must lie in [min_scale, max_scale] = "
+                         f"[{min_scale:g}, {max_scale:g}], got {scale!r}")
+    return value
+
+
+def _check_kind(state: Any, kind: str, name: str = "state") -> None:
     """A state saved by a policy of another kind is refused first, naming both kinds."""
     if isinstance(state, Mapping) and state.get("kind", kind) != kind:
-        raise ValueError(f"state is for a {state['kind']!r} policy, not {kind!r}")
+        raise ValueError(f"{name} is for a {state['kind']!r} policy, not {kind!r}")
 
 
 def _upgraded(state: Any) -> Any:
@@ -295,11 +315,13 @@ class FixedLossScale:
         """Empty: a fixed policy's only value, its scale, is its state."""
         return {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _check_kind(state, self.kind)
-        check.exact_keys("state", state, ("version", "kind", "scale"))
-        check.version("state", state, _FIXED_STATE_VERSION)
-        self._scale = _scale_value("state['scale']", state["scale"], ge=1.0)
+    def load_state_dict(self, state: Mapping[str, Any], *, name: str = "state") -> None:
+        """Restores what :meth:`state_dict` returned; ``name``: how messages name the
+        state (``"state['policy']"`` in an updater's state)."""
+        _check_kind(state, self.kind, name)
+        check.exact_keys(name, state, ("version", "kind", "scale"))
+        check.version(name, state, _FIXED_STATE_VERSION)
+        self._scale = _scale_value(f"{name}['scale']", state["scale"], ge=1.0)
 
     def __repr__(self) -> str:
         return f"FixedLossScale(scale={self._scale:g})"

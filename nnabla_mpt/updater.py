@@ -16,7 +16,6 @@ arguments (``options.DYNAMIC``, ``options.FIXED``). Checkpoint files are written
 by :mod:`nnabla_mpt.checkpoint`; what a valid updater state is, :mod:`nnabla_mpt.updater_state`
 says.
 """
-import copy
 import math
 import sys
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from nnabla.logger import logger
 from . import abort, agreement, checkpoint, graph, options, updater_state
 from .collapse import CollapseAttributes, CollapseWatch
 from .detector import BatchCheck, OverflowDetector, overflow_check
+from .dtypes import FloatType
+from .feeder import DataFeeder
 from .gradient_stats import GradientStats
 from .measured import ScaleMeter
 from .seed import BackwardSeed
@@ -97,12 +98,16 @@ class _LossScalingUpdater(CollapseAttributes):
 
     Args:
         solver, loss: As the updaters take them.
-        make_policy: ``ceiling -> policy``: the loss-scale policy, given the largest scale
-            the loss's dtype can seed.
+        make_policy: ``dtype -> policy``: the loss-scale policy, given the
+            :class:`~nnabla_mpt.dtypes.FloatType` of the loss, whose values bound the
+            scales ``loss.backward(scale)`` can seed.
         values: The checked values of the updater's options (``UpdaterSignature.bind``).
     """
 
-    def __init__(self, solver, loss, make_policy: Callable[[float], Any],
+    #: The feeder given as ``data_feeder=``; may be replaced (checked again).
+    data_feeder = DataFeeder()
+
+    def __init__(self, solver, loss, make_policy: Callable[[FloatType], Any],
                  values: Mapping[str, Any]) -> None:
         self._params = options.solver_parameters(solver)
         self.solver = solver
@@ -113,7 +118,8 @@ class _LossScalingUpdater(CollapseAttributes):
         graphs = [v for v in (self.loss, self.high_precision_loss) if v is not None]
         self._passes = {id(v): (LossRecorder(v, values["accum_grad"]), BackwardSeed(v))
                         for v in graphs}
-        self.policy = policy = make_policy(graph.ceiling_of(self.loss))
+        self._dtype = graph.float_type_of(self.loss)
+        self.policy = policy = make_policy(self._dtype)
         self.data_feeder = values["data_feeder"]
         self.clear_buffer = values["clear_buffer"]
         self.accum_grad = values["accum_grad"]
@@ -228,7 +234,7 @@ class _LossScalingUpdater(CollapseAttributes):
         scaled = precision != "float" or self.schedule is None
         fed = scaled and self._meter.calibration_pending   # scale="auto": measure first
         if fed:
-            self._meter.calibrate(self.data_feeder, lambda: recorder.forward(losses, 0, False),
+            self._meter.calibrate(self._feed, lambda: recorder.forward(losses, 0, False),
                                   self._zero_grads)
         scale = self.policy.get_loss_scale() if scaled else 1.0
         watch = self._meter.growth_watch() if scaled else None
@@ -294,8 +300,9 @@ class _LossScalingUpdater(CollapseAttributes):
         self._zero_grads()
         for i in range(self.accum_grad):
             if i or not fed:
-                if self.data_feeder is not None:
-                    self.data_feeder()
+                feed = self._feed
+                if feed is not None:
+                    feed()
                 recorder.forward(losses, i, clear)
             callbacks = reduce if i == last else None
             if watch is None:
@@ -324,21 +331,23 @@ class _LossScalingUpdater(CollapseAttributes):
         """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
         (``N``, ``max_scale``, ...) come from ``state``, and a calibration still due makes
         the next step measure (``scale="auto"``) where this updater was given a number: one
-        warning names each setting replaced. Earlier versions of the state load as
-        :func:`nnabla_mpt.updater_state.current` says.
+        warning names each setting replaced; a scale the loss's dtype cannot seed is
+        lowered, with a warning (:func:`~nnabla_mpt.updater_state.within_dtype`).
 
         Raises:
             ValueError: keys are missing or unknown (the message lists them), the version
-                or the updater type differs, a value is out of range, or the counters
-                contradict each other (the message names them and their values).
+                or the updater type differs, a value is out of range (named by its key,
+                ``state['policy']['scale']``), or the counters contradict each other.
             TypeError: a value has the wrong type (a counter that is no integer,
                 ``calibration_pending`` that is no bool); the message names it.
         """
         checked = self._check_state(state)
-        updater_state.warn_replaced_settings(self.policy, state["policy"],
+        policy_state = checked["policy"]
+        updater_state.warn_lowered(checked["lowered"], self._dtype)
+        updater_state.warn_replaced_settings(self.policy, policy_state,
                                              checked["calibration_pending"],
                                              self._meter.auto_scale)
-        self.policy.load_state_dict(state["policy"])
+        self.policy.load_state_dict(policy_state, name=updater_state.POLICY)
         if self.schedule is not None:
             self.schedule.load_state_dict(state["precision"])
         self.steps, self.updates, self.skipped_steps = (
@@ -349,18 +358,10 @@ class _LossScalingUpdater(CollapseAttributes):
         self._collapse.bad_batches = checked["bad_batches"]
 
     def _check_state(self, state: Mapping[str, Any]) -> Dict[str, Any]:
-        """Checks ``state`` completely, without changing anything; returns the counters
-        and ``calibration_pending``."""
-        checked = updater_state.checked(state, type(self).__name__, self._meter.auto_scale,
-                                        can_calibrate=self.policy.kind == "dynamic")
-        if (state["precision"] is None) != (self.schedule is None):
-            mine = None if self.schedule is None else self.schedule.mode.text
-            raise ValueError(f"state has precision schedule {state['precision']!r} but this "
-                             f"updater has {mine!r}")
-        copy.copy(self.policy).load_state_dict(state["policy"])
-        if self.schedule is not None:
-            copy.copy(self.schedule).load_state_dict(state["precision"])
-        return checked
+        """:func:`~nnabla_mpt.updater_state.check_all` of ``state``; versions as
+        :func:`~nnabla_mpt.updater_state.current` says."""
+        return updater_state.check_all(state, type(self).__name__, self.policy, self.schedule,
+                                       self._meter.auto_scale, self._dtype)
 
     def save_checkpoint(self, path: str) -> None:
         """Writes parameters, solver states and updater state to ``path`` atomically.
@@ -478,7 +479,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
     def __init__(self, solver, loss, *args, **kwargs) -> None:
         values, given = options.DYNAMIC.bind(type(self).__name__, args, kwargs)
         super().__init__(solver, loss,
-                         lambda ceiling: options.dynamic_policy(values, given, ceiling), values)
+                         lambda dtype: options.dynamic_policy(values, given, dtype), values)
 
     @property
     def scaling_factor(self) -> float:
@@ -509,5 +510,5 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
 
     def __init__(self, solver, loss, *args, **kwargs) -> None:
         values, _ = options.FIXED.bind(type(self).__name__, args, kwargs)
-        super().__init__(solver, loss, lambda ceiling: options.fixed_policy(values, ceiling),
+        super().__init__(solver, loss, lambda dtype: options.fixed_policy(values, dtype),
                          values)

@@ -6,12 +6,14 @@ The updater builds the state (``state_dict()``) and applies it (``load_state_dic
 this module says what a valid state is. The policy's and the precision schedule's parts
 are theirs to check (:mod:`nnabla_mpt.policy`, :mod:`nnabla_mpt.precision`).
 """
-from typing import Any, Dict, Mapping
+import copy
+from typing import Any, Dict, Mapping, Tuple
 
 from nnabla.logger import logger
 
 from . import _validate as check
 from . import options
+from .dtypes import FloatType
 
 #: The current version: 1 had no ``bad_batches``, 2 no ``calibration_pending``.
 VERSION = 3
@@ -21,6 +23,8 @@ COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
             "longest_overflow_streak", "bad_batches")
 #: Every key of a state of the current version.
 KEYS = ("version", "updater", "policy", "precision", "calibration_pending") + COUNTERS
+#: How messages name the policy's part of the state.
+POLICY = "state['policy']"
 
 
 def checked(state: Any, updater_name: str, auto_scale: bool,
@@ -42,6 +46,26 @@ def checked(state: Any, updater_name: str, auto_scale: bool,
         raise ValueError(f"state['calibration_pending'] is True, but {updater_name} has no "
                          f"scale='auto' to measure")
     values["calibration_pending"] = pending
+    return values
+
+
+def check_all(state: Any, updater_name: str, policy, schedule, auto_scale: bool,
+              dtype: FloatType) -> Dict[str, Any]:
+    """Checks the whole ``state`` for an updater (``updater_name``, its ``policy``, its
+    precision ``schedule`` or None, whether it has ``scale="auto"``, its loss's
+    ``dtype``) without changing anything. Returns the counters and
+    ``calibration_pending`` (:func:`checked`), the policy's state to load (``"policy"``,
+    within ``dtype``) and the values lowered to fit it (``"lowered"``, see
+    :func:`within_dtype`)."""
+    values = checked(state, updater_name, auto_scale, can_calibrate=policy.kind == "dynamic")
+    if (state["precision"] is None) != (schedule is None):
+        mine = None if schedule is None else schedule.mode.text
+        raise ValueError(f"state has precision schedule {state['precision']!r} but this "
+                         f"updater has {mine!r}")
+    copy.copy(policy).load_state_dict(state["policy"], name=POLICY)
+    values["policy"], values["lowered"] = within_dtype(state["policy"], dtype)
+    if schedule is not None:
+        copy.copy(schedule).load_state_dict(state["precision"])
     return values
 
 
@@ -96,8 +120,46 @@ def warn_replaced_settings(policy, policy_state: Mapping[str, Any],
         logger.warning(f"nnabla_mpt: the loaded state replaces the constructor's {values}")
 
 
+def within_dtype(policy_state: Mapping[str, Any], dtype: FloatType,
+                 name: str = POLICY) -> Tuple[Dict[str, Any], Dict[str, float]]:
+    """``policy_state``, a policy's state already checked, with its ``scale`` and
+    ``max_scale`` lowered to the largest power of two ``dtype`` (the loss's) holds, as
+    the constructor bounds them (a state of a float32 run loaded into a float16
+    updater); and the values lowered, ``key -> value in the state``.
+
+    Raises:
+        ValueError: its ``min_scale`` lies outside what ``dtype`` can seed (above that
+            power of two, or below its smallest positive value); the message names the
+            key (``name``) and the value.
+    """
+    ceiling = dtype.max_power_of_two
+    low = policy_state.get("min_scale")
+    if low is not None and not dtype.smallest <= low <= ceiling:
+        raise ValueError(f"{name}['min_scale']={_shown(low)} lies outside what the loss's "
+                         f"dtype {dtype.name} can seed, [{_shown(dtype.smallest)}, "
+                         f"{_shown(ceiling)}]: backward(scale) seeds the pass in that dtype")
+    lowered = {key: policy_state[key] for key in ("scale", "max_scale")
+               if policy_state.get(key, 0.0) > ceiling}
+    return {**policy_state, **{key: ceiling for key in lowered}}, lowered
+
+
+def warn_lowered(lowered: Mapping[str, float], dtype: FloatType, name: str = POLICY) -> None:
+    """Logs one warning naming the values of a loaded state that :func:`within_dtype`
+    lowered; none without any."""
+    if lowered:
+        values = " and ".join(f"{name}[{key!r}]={_shown(value)}"
+                              for key, value in lowered.items())
+        logger.warning(f"nnabla_mpt: the loaded {values} "
+                       f"{'is' if len(lowered) == 1 else 'are'} above "
+                       f"{_shown(dtype.max_power_of_two)}, the largest power of two the "
+                       f"loss's dtype {dtype.name} holds (backward(scale) seeds the pass in "
+                       f"that dtype, where a larger scale overflows every step): lowered to "
+                       f"{_shown(dtype.max_power_of_two)}")
+
+
 def _shown(value: Any) -> str:
-    """``value`` as an argument would be written: 32768 for 32768.0, 'probe' quoted."""
-    if isinstance(value, float) and value.is_integer():
+    """``value`` as an argument would be written, compact and exact: 32768 for 32768.0,
+    1e+308 (not its 309 digits), 'probe' quoted."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
         return str(int(value))
     return repr(value)

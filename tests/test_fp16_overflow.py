@@ -11,6 +11,7 @@ import nnabla.solvers as S
 
 from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
                         OverflowDetector)
+from nnabla_mpt.dtypes import FLOATS
 from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, context,
                      solver_states)
 
@@ -348,3 +349,39 @@ def test_the_ceiling_of_a_float32_loss_is_two_to_the_127():
     assert updater.policy.max_scale == 2.0 ** 127
     scales = [updater.update().next_scale for _ in range(3)]
     assert scales == [2.0 ** 127] * 3
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(scale=2.0 ** -30, min_scale=2.0 ** -30), r"scale=9\.313225746154785e-10"),
+    (dict(scale=1.0, min_scale=1e-300), r"min_scale=1e-300"),
+    (dict(scale=1.0, min_scale=2.0 ** -25), r"min_scale=2\.9802322387695312e-08"),
+])
+def test_a_scale_that_is_zero_in_float16_is_refused_naming_it(kwargs, named):
+    # backward(scale) seeds the pass in float16, where these scales are 0: every gradient
+    # would be 0 and every step an update that changes nothing
+    net = _half_linear_net()
+    with pytest.raises(ValueError, match=r"^" + named + r" is below 5\.96046e-08, the "
+                                          r"smallest positive float16 \(the loss's dtype\)"):
+        DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, **kwargs)
+    smallest = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                                         scale=2.0 ** -24, min_scale=2.0 ** -24)
+    assert smallest.policy.min_scale == 2.0 ** -24
+
+
+def test_a_float32_loss_takes_the_small_scales_float32_holds():
+    net = Net("float")
+    before = net.snapshot()
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale=2.0 ** -30, min_scale=2.0 ** -30)
+    assert updater.update().updated
+    assert all((net.snapshot()[name] != before[name]).any() for name in before)
+    DynamicLossScalingUpdater(net.solver(), net.loss, scale=2.0 ** -149, min_scale=2.0 ** -149)
+    with pytest.raises(ValueError, match=r"^min_scale=1e-300 is below 1\.4013e-45, the "
+                                         r"smallest positive float32"):
+        DynamicLossScalingUpdater(net.solver(), net.loss, scale=1.0, min_scale=1e-300)
+
+
+@pytest.mark.parametrize("name", ["float16", "float32", "float64"])
+def test_the_smallest_positive_value_of_each_dtype(name):
+    assert FLOATS[name].smallest == float(np.finfo(name).smallest_subnormal)
+    assert float(np.array(FLOATS[name].smallest / 2, dtype=name)) == 0.0

@@ -290,14 +290,16 @@ def test_dynamic_state_round_trip_is_not_tied_to_the_same_object():
     (lambda s: (s.pop("hysteresis"), s.update(bogus=0)),
      r"missing keys \['hysteresis'\]; unknown keys \['bogus'\]"),
     (lambda s: s.update(version=3), r"version 3.*writes version 2"),
-    (lambda s: s.update(growth_mode="guess"), r"growth_mode must be one of 'probe', "
-                                              r"'measured', got 'guess'"),
+    (lambda s: s.update(growth_mode="guess"), r"^state\['growth_mode'\] must be one of "
+                                              r"'probe', 'measured', got 'guess'$"),
     (lambda s: s.update(kind="fixed"), r"'fixed' policy, not 'dynamic'"),
     (lambda s: s.update(good_steps=5), r"good_steps=5 must be < growth_interval=5"),
     (lambda s: s.update(hysteresis_left=4), r"hysteresis_left=4 <= hysteresis=3"),
     (lambda s: s.update(good_steps=-1), r"state\['good_steps'\] must be >= 0, got -1"),
-    (lambda s: s.update(growth_factor=0.5), r"growth_factor must be > 1, got 0\.5"),
-    (lambda s: s.update(scale=1e9), r"must lie in \[min_scale, max_scale\].*1000000000"),
+    (lambda s: s.update(growth_factor=0.5), r"^state\['growth_factor'\] must be > 1, got 0\.5$"),
+    (lambda s: s.update(scale=1e9),
+     r"^state\['scale'\] must lie in \[min_scale, max_scale\].*1000000000"),
+    (lambda s: s.update(scale=float("nan")), r"^state\['scale'\] must be finite, got nan$"),
 ])
 def test_dynamic_load_state_dict_errors_leave_the_policy_unchanged(mutate, message):
     target = DynamicLossScale(init_scale=16.0, growth_interval=7)

@@ -123,6 +123,17 @@ def _mutated(mutate):
     (lambda s: s.update(updates=1.5), TypeError, r"state\['updates'\] must be an integer"),
     (lambda s: s["policy"].pop("scale"), ValueError, r"missing keys \['scale'\]"),
     (lambda s: s["policy"].update(kind="fixed"), ValueError, r"'fixed' policy"),
+    (lambda s: s["policy"].update(scale=float("nan")), ValueError,
+     r"^state\['policy'\]\['scale'\] must be finite, got nan$"),
+    (lambda s: s["policy"].update(scale="8"), TypeError,
+     r"^state\['policy'\]\['scale'\] must be a real number, got '8' of type str$"),
+    (lambda s: s["policy"].update(max_scale=-1.0), ValueError,
+     r"^state\['policy'\]\['max_scale'\] must be > 0, got -1\.0$"),
+    (lambda s: s["policy"].update(min_scale=1e-50), ValueError,
+     r"^state\['policy'\]\['min_scale'\]=1e-50 lies outside what the loss's dtype float32 "
+     r"can seed"),
+    (lambda s: s["policy"].update(growth_interval=0), ValueError,
+     r"^state\['policy'\]\['growth_interval'\] must be >= 1, got 0$"),
     (lambda s: s.pop("precision"), ValueError, r"missing keys \['precision'\]"),
     (lambda s: s.update(precision={"mode": "fast|step|0.9"}), ValueError,
      r"state has precision schedule .*'fast\|step\|0\.9'.* but this updater has None"),
@@ -197,6 +208,91 @@ def test_load_checkpoint_warns_about_the_settings_it_replaces(tmp_path, caplog):
         "nnabla_mpt: the loaded state replaces the constructor's backoff_factor=0.5 with "
         "0.25, max_scale=32768 with 16384, growth_mode='probe' with 'measured'"]
     assert resumed.state_dict() == saved.state_dict()
+
+
+def _float32_state(scale=2.0 ** 20, **policy):
+    net = Net(scope="first")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale=scale, max_scale=max(scale, 2.0 ** 24))
+    updater.update()
+    state = updater.state_dict()
+    state["policy"].update(policy)
+    return updater, state
+
+
+LOWERED = ("the largest power of two the loss's dtype float16 holds (backward(scale) seeds "
+           "the pass in that dtype, where a larger scale overflows every step): lowered to "
+           "32768")
+
+
+def test_a_float32_state_loaded_into_a_float16_updater_keeps_to_its_ceiling(caplog):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    _, state = _float32_state()
+    assert (state["policy"]["scale"], state["policy"]["max_scale"]) == (2.0 ** 20, 2.0 ** 24)
+    net = Net("half", scope="first")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
+                                        N=1000)
+    updater.load_state_dict(state)
+    assert _nnabla_warnings(caplog) == [
+        "nnabla_mpt: the loaded state['policy']['scale']=1048576 and "
+        "state['policy']['max_scale']=16777216 are above 32768, " + LOWERED,
+        "nnabla_mpt: the loaded state replaces the constructor's N=1000 with 2000"]
+    assert (updater.scale, updater.policy.max_scale) == (2.0 ** 15, 2.0 ** 15)
+    assert [updater.update().skipped for _ in range(6)] == [False] * 6
+    # the counters and the settings the dtype does not bound are the state's
+    assert (updater.steps, updater.N) == (7, 2000)
+
+
+def test_a_crafted_checkpoint_loaded_into_a_float16_updater_keeps_to_its_ceiling(
+        tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    saved, state = _float32_state(scale=2.0 ** 30, max_scale=1e308, growth_interval=1,
+                                  good_steps=0)
+    saved.load_state_dict(state)          # a float32 graph lowers them to 2**127
+    assert (saved.scale, saved.policy.max_scale) == (2.0 ** 30, 2.0 ** 127)
+    assert _nnabla_warnings(caplog)[0] == (    # compact numbers, not 309 digits
+        "nnabla_mpt: the loaded state['policy']['max_scale']=1e+308 is above "
+        "1.7014118346046923e+38, the largest power of two the loss's dtype float32 holds "
+        "(backward(scale) seeds the pass in that dtype, where a larger scale overflows every "
+        "step): lowered to 1.7014118346046923e+38")
+    saved.policy.max_scale = 1e308        # as a crafted file would have it
+    path = tmp_path / "crafted.npz"
+    saved.save_checkpoint(path)
+    caplog.clear()
+    net = Net("half", scope="first")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder, N=1)
+    updater.load_checkpoint(path)
+    assert _nnabla_warnings(caplog) == [
+        "nnabla_mpt: the loaded state['policy']['scale']=1073741824 and "
+        "state['policy']['max_scale']=1e+308 are above 32768, " + LOWERED]
+    results = [updater.update() for _ in range(12)]
+    assert [r.skipped for r in results] == [False] * 12
+    assert {r.scale for r in results} == {2.0 ** 15}
+
+
+def test_a_fixed_float32_state_loaded_into_a_float16_updater_keeps_to_its_ceiling(caplog):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    first = Net(scope="first")
+    state = FixedLossScalingUpdater(first.solver(), first.loss, scale=2.0 ** 20).state_dict()
+    net = Net("half", scope="first")
+    updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder)
+    updater.load_state_dict(state)
+    assert _nnabla_warnings(caplog) == [
+        "nnabla_mpt: the loaded state['policy']['scale']=1048576 is above 32768, " + LOWERED]
+    assert updater.scale == 2.0 ** 15 and not updater.update().skipped
+
+
+def test_a_state_whose_min_scale_float16_cannot_seed_is_refused():
+    net = Net("half", scope="first")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder)
+    before = updater.state_dict()
+    for low, message in ((2.0 ** -30, r"9\.313225746154785e-10"), (2.0 ** 16, r"65536")):
+        _, state = _float32_state(scale=2.0 ** 17, min_scale=low, max_scale=2.0 ** 18)
+        with pytest.raises(ValueError, match=r"^state\['policy'\]\['min_scale'\]=" + message
+                           + r" lies outside what the loss's dtype float16 can seed, "
+                             r"\[5\.960464477539063e-08, 32768\]"):
+            updater.load_state_dict(state)
+        assert updater.state_dict() == before
 
 
 def test_a_version_1_state_loads_with_no_bad_batches():

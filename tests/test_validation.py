@@ -1,5 +1,6 @@
 """Every bad input raises TypeError/ValueError naming the argument and the value received."""
 import ast
+import logging
 import pathlib
 
 import numpy as np
@@ -312,3 +313,27 @@ def test_package_has_no_print_calls():
         code_lines = [line for line in source.splitlines()
                       if "print(" in line and not line.strip().startswith((">>>", "..."))]
         assert code_lines == [], path.name
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "nnabla" and r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_grads_without_comm_is_accepted_with_a_warning_naming_it(net, cls, caplog):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    grads = [v.grad for v in net.params.values()]
+    positional = {DynamicLossScalingUpdater: (net.feeder, 8.0, 2.0, 2000, True, 1, None),
+                  FixedLossScalingUpdater: (net.feeder, 8.0, True, True, 1, None)}[cls]
+    updater = cls(net.solver(), net.loss, *positional, None, grads)   # nnabla's order
+    assert _warnings(caplog) == [
+        f"nnabla_mpt: grads (a list of {len(grads)} arrays) is ignored without a "
+        f"communicator: grads names the gradients to all-reduce over the ranks, and there are "
+        f"none; every gradient of the solver is used as it is. Pass comm=... to exchange "
+        f"them, or leave grads out"]
+    assert updater.update().updated
+    caplog.clear()
+    cls(net.solver(), net.loss, *positional, None, [])      # nnabla's default: silent
+    cls(net.solver(), net.loss, grads=None)
+    assert _warnings(caplog) == []

@@ -1,0 +1,86 @@
+"""The data_feeder: refused at construction when it needs an argument, warned about at its
+first call when it returns the batch instead of writing the graph's inputs."""
+import logging
+
+import numpy as np
+import pytest
+
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from support import Net
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "nnabla" and r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_a_feeder_that_needs_an_argument_is_refused_naming_it(cls):
+    net = Net()
+
+    def feed_batch(batch):
+        net.x.d, net.t.d = batch
+
+    message = (r"^data_feeder=<function .*feed_batch at 0x[0-9a-f]+> needs an argument "
+               r"\(missing a required argument: 'batch'\), but the updater calls it with none")
+    with pytest.raises(TypeError, match=message):
+        cls(net.solver(), net.loss, feed_batch)
+    with pytest.raises(TypeError, match=r"^data_feeder=<function .*<lambda>.*> needs an "
+                                        r"argument"):
+        cls(net.solver(), net.loss, data_feeder=lambda i: net.feed(i))
+    updater = cls(net.solver(), net.loss, net.feeder)
+    with pytest.raises(TypeError, match=message):
+        updater.data_feeder = feed_batch
+    assert updater.data_feeder == net.feeder          # the old one stays
+    # callables without a readable signature, and feeders with defaults, are accepted
+    assert cls(net.solver(), net.loss, print).data_feeder is print
+    cls(net.solver(), net.loss, lambda i=0, *rest, **options: net.feed(i))
+
+
+@pytest.mark.parametrize("scale", [8.0, "auto"])
+def test_a_feeder_that_returns_the_batch_is_warned_about_once(caplog, scale):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    net = Net()
+    calls = []
+
+    def returns_batch():                       # as a PyTorch loop would write it
+        calls.append(1)
+        return net.batch(len(calls))
+
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, returns_batch,
+                                        scale=scale)
+    assert _warnings(caplog) == []
+    for _ in range(3):
+        updater.update()
+    assert len(calls) == 3
+    warned = _warnings(caplog)
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("nnabla_mpt: data_feeder=<function ")
+    assert ("returned a tuple (not None), which the updater ignores: data_feeder must write "
+            "the batch into the graph's inputs (x.d = ...), not return it" in warned[0])
+    assert updater.data_feeder is returns_batch
+
+
+def test_a_feeder_assigned_later_is_called_and_checked(caplog):
+    caplog.set_level(logging.INFO, logger="nnabla")
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        accum_grad=2)
+    updater.update()
+    assert net.calls == 2 and _warnings(caplog) == []
+    later = []
+
+    def feed_later():
+        later.append(1)
+        net.feed(100 + len(later))
+        return "done"
+
+    updater.data_feeder = feed_later
+    updater.update()
+    updater.update()
+    assert (net.calls, len(later)) == (2, 4)
+    assert len(_warnings(caplog)) == 1 and "returned a str" in _warnings(caplog)[0]
+    np.testing.assert_array_equal(net.x.d, net.batch(104)[0])   # the new feeder's batch
+    updater.data_feeder = None
+    updater.update()
+    assert (net.calls, len(later)) == (2, 4) and updater.data_feeder is None
