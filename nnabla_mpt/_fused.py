@@ -17,7 +17,7 @@ the gradients themselves out in such a window, so that a call on them copies not
 """
 import bisect
 import ctypes
-from typing import Sequence
+from typing import List, Sequence
 
 import numpy as np
 
@@ -268,7 +268,8 @@ class SharedMemoryReduction:
     a call, and after it every rank compares all headers, so a mismatch raises the same
     error on every rank instead of summing unrelated data. The slot alternates from call
     to call, so that a rank that leaves a call early by that error cannot overwrite what a
-    slower rank has still to read.
+    slower rank has still to read. The header also holds the number of the call, so that
+    a rank that waits too long can tell which ranks have not arrived (:meth:`absent`).
 
     Arrays that already lie in a :class:`SharedArrays` (``place``) skip steps 1 and 5:
     after the first barrier rank ``r`` sums block ``r`` over the ranks' copies of those
@@ -302,6 +303,7 @@ class SharedMemoryReduction:
         self._result = mems[0][h + a:h + 2 * a]
         self._typed = {}
         self._slot = 0
+        self._calls = 0    # calls begun, written into the header: who arrived at this one
         self.barriers = 0  # barriers issued so far (the only collectives of a reduction)
         self.in_place_calls = 0  # calls reduced inside a SharedArrays, without copies
 
@@ -339,11 +341,12 @@ class SharedMemoryReduction:
         total = lay.total
         slot = self._slot
         self._slot ^= 1
+        self._calls += 1
         if place is None:
             where = (0, 0, 0)
         else:
             where = (place[0].ident, place[1], place[2])
-        self._headers[r][slot] = signature(lay, n_arrays) + where + (0,)
+        self._headers[r][slot] = signature(lay, n_arrays) + where + (self._calls,)
         lo = 0
         while True:  # at least once, so that an empty call still checks the headers
             hi = min(total, lo + chunk)
@@ -377,6 +380,12 @@ class SharedMemoryReduction:
             lo = hi
             if lo >= total:
                 return
+
+    def absent(self) -> List[int]:
+        """The ranks whose header does not show the call this rank is in (read while it
+        waits in the call: who has not arrived)."""
+        slot, call = self._slot ^ 1, self._calls
+        return [j for j in range(self._size) if self._headers[j][slot][7] != call]
 
     def _reduce_in_place(self, shared: "SharedArrays", lo: int, hi: int,
                          division: bool) -> None:

@@ -15,7 +15,7 @@ ends normally. Arming and disarming the deadline is two attribute writes per cal
 import functools
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from nnabla.logger import logger
 
@@ -40,6 +40,11 @@ class CollectiveTimeout:
         timeout: Seconds a collective may wait, or None: nothing is watched.
         rank, size: This rank and the number of ranks (with one rank nothing is watched).
         abort: ``abort(errorcode)`` that ends the job (``Comm.Abort``).
+
+    Attributes:
+        absent: ``what -> ranks``: the ranks that have not arrived at the collective
+            ``what`` this rank waits in, or None where that cannot be known (set by the
+            communicator: its shared-memory reduction knows).
     """
 
     def __init__(self, timeout: Optional[float], rank: int, size: int,
@@ -49,6 +54,7 @@ class CollectiveTimeout:
         self._deadline: Optional[float] = None
         self._what = ""
         self._depth = 0
+        self.absent: Callable[[str], Optional[List[int]]] = lambda what: None
         self.watching = timeout is not None and size > 1
         if self.watching:
             threading.Thread(target=self._watch, name="nnabla_mpt collective timeout",
@@ -75,10 +81,20 @@ class CollectiveTimeout:
             if deadline is not None and time.monotonic() > deadline:
                 logger.error(
                     "rank %d of %d: %s waited more than %g s for the other ranks (timeout=%g "
-                    "of MPICommunicator): a rank left, stalled or is out of step; aborting "
-                    "the MPI job (error code 1)", self._rank, self._size, self._what,
-                    self.timeout, self.timeout)
+                    "of MPICommunicator): %s; aborting the MPI job (error code 1)",
+                    self._rank, self._size, self._what, self.timeout, self.timeout,
+                    _who(self.absent(self._what)))
                 hard_abort(self._abort, 1)
+
+
+def _who(absent: Optional[List[int]]) -> str:
+    """What a timed-out rank knows of the others."""
+    if absent is None:
+        return "a rank left, stalled or is out of step (MPI does not tell which)"
+    if not absent:
+        return "every rank had arrived: one stopped inside the collective"
+    return (f"rank(s) {', '.join(map(str, absent))} did not arrive: they left, stalled or "
+            f"are out of step")
 
 
 def timed(name: str) -> Callable:

@@ -151,6 +151,8 @@ class MPICommunicator(AllReduceCallback, ShareGrads):
             self._messages = _fused.MessageReduction(MPI, comm, algorithm)
         elif self._size > 1:
             self._shm = _fused.SharedMemoryReduction(MPI, comm)
+            self._timeout.absent = (lambda what: self._shm.absent()
+                                    if what == "all_reduce" else None)
         from nnabla.ext_utils import get_extension_context
         self._host_ctx = get_extension_context("cpu")
         self._windows = shared_grads.GradientWindows(MPI, comm, self._host_ctx)

@@ -2,8 +2,8 @@
 
 nnabla calls the feeder with no arguments before every forward pass, and ignores what it
 returns: the feeder writes the next batch into the graph's input Variables (``x.d = ...``).
-A feeder that needs an argument is refused when it is given (today's alternative is a
-``TypeError`` at the first update naming only the callable); one that returns something,
+A feeder that needs an argument is refused when it is given (else the first update would
+raise a ``TypeError`` naming only the callable); one that returns something,
 the batch, as a PyTorch loop would, is warned about at its first call: the step would
 train on whatever the inputs held before.
 
