@@ -8,9 +8,10 @@ method of the communicator runs under a deadline (:func:`timed`); a daemon threa
 than the timeout it logs which collective of which rank timed out, and after how long,
 and ends the job (``MPI_Abort``, as a rank that raises does: :mod:`nnabla_mpt.abort`).
 
-Only collectives are timed: a rank may compute, evaluate or save for as long as it likes
-between them, and a job whose ranks end at different times, with no collective pending,
-ends normally. Arming and disarming the deadline is two attribute writes per call.
+Only collectives are timed, but one rank's wait is another's work: while rank 0 evaluates
+or saves between two steps, the others wait for it in the next all-reduce, so the timeout
+must exceed the longest such pause. A job whose ranks end at different times, with no
+collective pending, ends normally. Arming and disarming the deadline is two attribute writes per call.
 """
 import functools
 import threading

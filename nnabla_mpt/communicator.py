@@ -107,7 +107,9 @@ class MPICommunicator(AllReduceCallback, ShareGrads):
         timeout: Seconds a collective (an all-reduce, a broadcast, a barrier) may wait
             for the other ranks before this rank logs that it timed out and ends the job
             (``MPI_Abort``): a rank that left or stalls never leaves the others waiting
-            for good (:mod:`nnabla_mpt.collective_timeout`). Default 600; None waits forever.
+            for good (:mod:`nnabla_mpt.collective_timeout`); it must exceed the longest
+            pause of any rank between two collectives (an evaluation, a checkpoint save),
+            which the others spend waiting. Default 600; None waits forever.
 
     Attributes:
         n_all_reduce_calls (int): Number of :meth:`all_reduce` calls so far.
