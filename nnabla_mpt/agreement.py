@@ -186,9 +186,9 @@ def check_in_step(steps) -> None:
     ranks = ", ".join(f"rank {r} at step {int(s)}" for r, s in enumerate(steps))
     raise RuntimeError(
         f"the ranks are out of step: the step's all-reduce paired {ranks}, so it summed "
-        f"gradients of different steps; every rank must call update() as often as the "
-        f"others (a rank that caught an exception from update() and went on, or that "
-        f"loaded another checkpoint, is behind or ahead)")
+        f"gradients of different steps; every rank must be at the same step (a rank that "
+        f"loaded another checkpoint or state than the others, or set its step count, is "
+        f"behind or ahead)")
 
 
 class ListTransport:

@@ -15,7 +15,8 @@ from typing import BinaryIO, Dict, NamedTuple, Tuple
 import numpy as np
 
 #: What reading a damaged archive raises (bad zip structure or deflate stream, CRC, header).
-DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, ValueError)
+DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, ValueError,
+           RuntimeError, NotImplementedError)   # an encrypted member, an unknown method
 #: The largest ``.npy`` header read (numpy's own default bound).
 _MAX_HEADER = 10000
 _READERS = {(1, 0): np.lib.format.read_array_header_1_0,
@@ -58,6 +59,8 @@ def _header(name: str, stream: BinaryIO) -> Header:
         if version not in _READERS:
             raise ValueError(f".npy format version {version} (this reads 1.0 and 2.0)")
         shape, fortran_order, dtype = _READERS[version](stream, max_header_size=_MAX_HEADER)
+        if any(not isinstance(n, int) or n < 0 for n in shape):
+            raise ValueError(f"its header gives the shape {shape!r}")   # numpy takes -1
     except ValueError as error:
         raise ValueError(f"the member {name!r} is not an .npy array: {error}") from error
     return Header(tuple(shape), bool(fortran_order), np.dtype(dtype))

@@ -524,7 +524,15 @@ def _long_tail(s, t):
                                         "shape": w.shape}, w.tobytes(), bytes(1 << 26))
 
 
+def _negative_meta(s, t):
+    # numpy's header reader takes a shape of -1; behind it, 64 MiB that deflate to little
+    _craft(s, t, "meta", {"descr": "|u1", "fortran_order": False, "shape": (-1,)},
+           b"\0" * (64 << 20))
+
+
 CRAFTED = {
+    "metadata of shape (-1,)": (_negative_meta, r"is not an \.npy array: its header gives "
+                                                r"the shape \(-1,\)"),
     "parameter claiming 1 GiB": (_huge_param, r"param/out/affine/W: \(16384, 16384\) in "
                                               r"the file, \(3, 2\) here"),
     "metadata claiming 1 GiB": (_huge_meta, r"is corrupted: its metadata claims 1073741824 "
