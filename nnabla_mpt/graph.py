@@ -144,8 +144,3 @@ def float_type_of(loss):
     from .dtypes import float_type
     return float_type(loss_dtype(loss))
 
-
-def ceiling_of(loss) -> float:
-    """The largest loss scale ``loss.backward(scale)`` can seed: the largest power of two
-    of the loss's dtype (``2**15`` for float16)."""
-    return float_type_of(loss).max_power_of_two

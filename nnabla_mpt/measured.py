@@ -122,7 +122,7 @@ class ScaleMeter:
         self._gather = gather
         self.stats_every = stats_every
         self._ctx = graph.float_context(loss)
-        self._own_max = float_type(graph.loss_dtype(loss)).max
+        self._own_max = graph.float_type_of(loss).max
         self._reduced_max = None if reduced_dtype is None else float_type(reduced_dtype).max
         self.auto_scale = calibrate
         self.calibration_pending = calibrate

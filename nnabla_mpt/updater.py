@@ -148,7 +148,7 @@ class _LossScalingUpdater(CollapseAttributes):
                                        self._decider.agree_on_diagnosis, batch)
         self._meter = ScaleMeter(self.loss, self._params, policy, self._decider.gather,
                                  values["gradient_stats_every"], values["scale"] == "auto",
-                                 _reduced_dtype(self._decider, self.loss))
+                                 _reduced_dtype(self._decider, self._dtype.name))
         self.steps = self.updates = self.skipped_steps = 0
         self.last_result: Optional[StepResult] = None
         # One update() at a time: a caller takes the token (list.pop() is atomic under the
@@ -401,7 +401,7 @@ def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: 
     check_grads = None
     if updater.enable_overflow_check:
         float32_cpu = (updater.schedule is None and graph.extension_of(updater.loss) == "cpu"
-                       and graph.loss_dtype(updater.loss) == "float32")
+                       and updater._dtype.name == "float32")
         check_grads = overflow_check(updater.detector, updater.solver, updater._params,
                                      float32_cpu, graph.float_context(updater.loss))
     float_only = updater._precision == "float" and updater.schedule is None
@@ -413,12 +413,12 @@ def _decider(updater: _LossScalingUpdater, shared_grads: Optional[bool], batch: 
     return decider
 
 
-def _reduced_dtype(decider, loss: "nn.Variable") -> Optional[str]:
-    """The dtype the step's all-reduce leaves the gradients of ``loss`` in; None without
-    one."""
+def _reduced_dtype(decider, dtype: str) -> Optional[str]:
+    """The dtype the step's all-reduce leaves gradients of ``dtype`` (the loss's) in; None
+    without one."""
     if decider.reduction is None:
         return None
-    return decider.reduction.dtype_after(graph.loss_dtype(loss))
+    return decider.reduction.dtype_after(dtype)
 
 
 def _already_running(updater: _LossScalingUpdater) -> RuntimeError:
