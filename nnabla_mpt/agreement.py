@@ -197,19 +197,21 @@ class ListTransport:
     gradients are reduced inside the backward pass: the arrays, the flags' array last.
 
     Args:
-        arrays: The arrays to reduce (the gradients), or none.
-        flags: The array of the step's flags (its length that of the flags' codec).
+        arrays: The arrays to reduce (the gradients, or none), the array of the step's
+            flags last (its length that of the flags' codec). The list itself is kept,
+            not copied: :meth:`SharedGradients.zero` renews its entries in place when a
+            gradient had left the shared memory (``solver.zero_grad()`` between steps).
     """
 
-    def __init__(self, arrays: Sequence["nn.NdArray"], flags: "nn.NdArray") -> None:
-        self.arrays = list(arrays) + [flags]
-        self._flags = flags
+    def __init__(self, arrays: List["nn.NdArray"]) -> None:
+        self.arrays = arrays
 
     def reduce(self, comm, flags: np.ndarray, division: bool) -> np.ndarray:
         """Reduces the arrays with ``flags`` (one call of ``comm``); the reduced flags."""
-        self._flags.data = flags
+        carrier = self.arrays[-1]
+        carrier.data = flags
         comm.all_reduce(self.arrays, division=division, inplace=True)
-        return self._flags.data
+        return carrier.data
 
 
 def model_digest(params: Mapping[str, "nn.Variable"],
@@ -286,9 +288,9 @@ def _transport(comm, reduction: exchange.Reduction, loss: "nn.Variable",
                               graph.float_context(loss))
         return packed, None, flags
     if not with_gradients:
-        return ListTransport([], nn.NdArray((flags.length,))), None, flags
+        return ListTransport([nn.NdArray((flags.length,))]), None, flags
     arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only, flags.length)
-    return ListTransport(arrays[:-1], arrays[-1]), shared, flags
+    return ListTransport(arrays), shared, flags
 
 
 def warn_float16_reduction(reduction: Optional[exchange.Reduction], precision: str,

@@ -7,7 +7,7 @@ on one rank, in rank order (x0 + x1 + ...), in float32.
 import numpy as np
 import pytest
 
-from mpi_helpers import bits, ranks_fixture
+from mpi_helpers import bits, load_ranks, ranks_fixture, run_mpi
 from nnabla_mpt._fused import shm_area_bytes
 
 SHAPES = [(600, 1000), (7,), (3, 5, 2), (1,), (1000, 100)]
@@ -176,3 +176,22 @@ def test_host_ndarray_in_a_graph_and_its_errors():
         host_ndarray(buf.ctypes.data, (2,), np.complex64)
     for _ in range(2000):  # blocks are freed with the arrays: no crash, no growth to speak of
         host_ndarray(buf.ctypes.data, (6,))
+
+
+
+def test_updater_steps_stay_right_when_the_script_drops_the_gradients(tmp_path):
+    """``solver.zero_grad()`` between steps moves the gradients out of the shared memory;
+    the next step puts them back and reduces them, as without sharing (bit for bit)."""
+    proc = run_mpi(2, "shared_zero_grad.py", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank, (arrays, replaced) in enumerate(load_ranks(tmp_path, 2)):
+        names = [k.split("/", 1)[1] for k in arrays if k.startswith("copied_none/")]
+        assert names
+        for run in ("copied_zero_grad", "copied_grad.zero", "shared_none",
+                    "shared_zero_grad", "shared_grad.zero"):
+            for name in names:
+                np.testing.assert_array_equal(
+                    bits(arrays[f"{run}/{name}"]), bits(arrays[f"copied_none/{name}"]),
+                    err_msg=f"{run}: {name} on rank {rank}")
+        assert replaced["shared_none"] == 0
+        assert replaced["shared_zero_grad"] >= 3 and replaced["shared_grad.zero"] >= 3
