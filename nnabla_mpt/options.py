@@ -216,8 +216,10 @@ COMMON = (
            "says ``kind=\"overflow\"`` (the batch is finite at a smaller scale) while the "
            "scale can still back off is no collapse: it is logged at info level and "
            "training goes on; if the scale then reaches ``min_scale`` the floor triggers. "
-           "A step whose loss itself is non-finite is skipped and counted without "
-           "lowering the scale (the policy is not updated for it).",
+           "The gradients decide whether a step is skipped: a skipped step whose loss "
+           "itself is non-finite is counted without lowering the scale (the policy is "
+           "not updated for it); a step whose loss is non-finite while its gradients "
+           "are finite updates and counts as a good step.",
            _choice("raise", "warn", "ignore")),
     Option("diagnose_after", 8, int,
            "Consecutive overflowing steps that trigger the diagnosis (>= 1). A single "

@@ -44,7 +44,8 @@ class StepResult:
     Attributes:
         step: Index of the (last) step this call ran, counted from 0 over the updater's life.
         skipped: True when nothing was updated: the gradients overflowed (or the batch
-            held inf/NaN, see ``bad_batch``).
+            held inf/NaN, see ``bad_batch``). The gradients decide: a loss that is inf/NaN
+            while the gradients are finite does not skip the step.
         scale: The loss scale the step ran with, the policy's. The backward pass's seed
             holds it rounded to the loss's dtype (3000.7 is 3000.0 in float16,
             :func:`~nnabla_mpt.seed.held_scale`), and the gradients are divided by
@@ -87,10 +88,11 @@ class StepResult:
     def loss(self) -> float:
         """The step's loss, before scaling: the mean over its micro-batches (and over the
         ranks, with a communicator; summed in float32 there), where ``loss.d`` holds only
-        the last micro-batch's. Read when first asked for (a host read, which training
-        does not pay for otherwise); until the next ``update()`` the last micro-batch's
-        value is the loss Variable's own array, so read it before running a forward pass
-        of that Variable yourself. NaN in a result built by hand."""
+        the last micro-batch's; inf/NaN where a forward pass overflowed, also on a step
+        that updated (its gradients were finite). Read when first asked for (a host read,
+        which training does not pay for otherwise); until the next ``update()`` the last
+        micro-batch's value is the loss Variable's own array, so read it before running a
+        forward pass of that Variable yourself. NaN in a result built by hand."""
         return math.nan if self._losses is None else self._losses.mean()
 
 
@@ -252,8 +254,8 @@ class _LossScalingUpdater(CollapseAttributes):
                 else self._meter.growth_room(watch, seed.held))
         skipped = skipped or not self._unscaler.unscale(seed.held)  # norm not finite: overflow
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
-        # A non-finite loss or batch is no overflow: a smaller scale cannot fix it, so the
-        # scale is kept; scale="auto" measures again, on the next batch.
+        # A skipped step's non-finite loss or batch is no overflow: a smaller scale cannot
+        # fix it, so the scale is kept; scale="auto" measures again, on the next batch.
         if scaled and not (loss_nonfinite or bad_batch):
             self.policy.update(skipped, room)
         if fed and bad_batch:
