@@ -29,7 +29,8 @@ def held_scale(scale: float, dtype: str) -> float:
     nnabla fills the seed from a C float: the scale is rounded to float32 first, then to
     the loss's dtype, to nearest (ties to even), ``inf`` beyond its range. This holds for
     every scale the updaters run with (from the dtype's smallest positive value up); below
-    it nnabla's float16 seed is 0.
+    it nnabla's float16 seed is 0. bfloat16, which only GPU extensions run, is taken to
+    round the same way.
 
     Example:
         >>> held_scale(3000.7, "float16"), held_scale(17496.0, "float16")
