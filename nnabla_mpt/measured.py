@@ -1,16 +1,17 @@
 """Measured loss scaling: the scale chosen from the gradients instead of guessed.
 
 Every measurement comes from a watched backward pass (:class:`~nnabla_mpt.watch.RangeWatch`)
-run at some scale ``s``, which finds how far the pass's gradients could be multiplied
-before one of them leaves its dtype::
+run at some scale ``s``, whose seed holds ``h``, the scale rounded to the loss's dtype
+(:func:`~nnabla_mpt.seed.held_scale`; ``h = s`` where the dtype holds ``s``), which finds
+how far the pass's gradients could be multiplied before one of them leaves its dtype::
 
     R = min over every gradient g of the pass and the parameters' gradients of
-            dtype_max(g) / (b(g) * s)        where g has a bound b(g), in units of s
+            dtype_max(g) / (b(g) * h)        where g has a bound b(g), in units of h
             dtype_max(g) / (MARGIN * max|g|)  for the others
 
 A gradient has a bound when it is the seed (the scale) passed down through functions
 that cannot enlarge it (:data:`~nnabla_mpt.watch.NON_EXPANDING`: the loss's reductions,
-a cross-entropy, ReLU, tanh, ...): whatever the data, it stays within ``b(g) * s``, so it
+a cross-entropy, ReLU, tanh, ...): whatever the data, it stays within ``b(g) * h``, so it
 only has to fit. Every other gradient, and the parameters', depends on the data in ways
 one batch cannot bound, and keeps ``MARGIN`` to its dtype's largest value.
 
@@ -20,9 +21,9 @@ one batch cannot bound, and keeps ``MARGIN`` to its dtype's largest value.
   ``min(max_scale, ceiling)``.
 * **Calibrated start** (``scale="auto"``). On the first step's own batch the backward runs
   at a probe scale ``p`` (1; ``2**8`` times higher while every gradient is zero, up to the
-  ceiling), and the first scale is::
+  ceiling), whose seed holds ``h``, and the first scale is::
 
-      s0 = the largest power of two  <=  p * R,   within [min_scale, upper bound]
+      s0 = the largest power of two  <=  h * R,   within [min_scale, upper bound]
 
 * **Measured growth** (``growth_mode="measured"``). On the step where growth is due, ``R``
   is measured at the step's own scale ``s`` and the scale becomes ``s * f**k`` for the
@@ -52,6 +53,7 @@ from nnabla.logger import logger
 from . import graph
 from .dtypes import float_type
 from .gradient_stats import GradientStats, gradient_stats
+from .seed import held_scale
 from .watch import RangeWatch
 
 #: The safety factor between a measured gradient and its dtype's largest value.
@@ -61,8 +63,9 @@ MARGIN = 2.0 ** 3
 PROBE_STEP = 2.0 ** 8
 
 
-def room(watch: RangeWatch, scale: float) -> Tuple[float, float]:
-    """``(R, largest)`` of a watched pass run at ``scale``: how far the scale may be
+def room(watch: RangeWatch, held: float) -> Tuple[float, float]:
+    """``(R, largest)`` of a watched pass whose seed held ``held`` (its scale rounded to
+    the loss's dtype, :func:`~nnabla_mpt.seed.held_scale`): how far the scale may be
     multiplied (see the module's docstring; ``inf`` when every gradient is zero, 0 when
     one is not finite), and the largest ``max |g|`` seen (0 if none)."""
     maxima, limits, bounds = watch.read()
@@ -71,14 +74,15 @@ def room(watch: RangeWatch, scale: float) -> Tuple[float, float]:
     if not np.isfinite(maxima).all():
         return 0.0, math.inf
     with np.errstate(divide="ignore"):
-        rooms = np.where(np.isfinite(bounds), limits / (bounds * scale),
+        rooms = np.where(np.isfinite(bounds), limits / (bounds * held),
                          limits / (maxima * MARGIN))
     return float(rooms.min()), float(maxima.max())
 
 
 def calibrated_scale(probe: float, room: float, lower: float, upper: float) -> float:
     """The start of ``scale="auto"``: the largest power of two ``<= probe * room``, within
-    ``[lower, upper]`` (``room`` as :func:`room` measures it at ``probe``)."""
+    ``[lower, upper]`` (``room`` as :func:`room` measures it at ``probe``, the value the
+    probe's seed held)."""
     target = probe * room
     if not target > 0.0:
         return lower
@@ -122,6 +126,7 @@ class ScaleMeter:
         self._gather = gather
         self.stats_every = stats_every
         self._ctx = graph.float_context(loss)
+        self._dtype = graph.loss_dtype(loss)
         self._own_max = graph.float_type_of(loss).max
         self._reduced_max = None if reduced_dtype is None else float_type(reduced_dtype).max
         self.auto_scale = calibrate
@@ -138,13 +143,14 @@ class ScaleMeter:
         reduce) to ``watch``, bounded by the dtype the backward computes in."""
         watch.add([v.grad for v in self._params.values()], self._own_max)
 
-    def growth_room(self, watch: RangeWatch, scale: float) -> float:
-        """How far the scale may grow after the step watched at ``scale``: ``R`` over the
-        watched passes, each rank's own gradients (:meth:`watch_own`) and the reduced
-        ones, smallest over the ranks."""
+    def growth_room(self, watch: RangeWatch, held: float) -> float:
+        """How far the scale may grow after the step watched with a seed holding ``held``
+        (:attr:`~nnabla_mpt.seed.BackwardSeed.held`): ``R`` over the watched passes, each
+        rank's own gradients (:meth:`watch_own`) and the reduced ones, smallest over the
+        ranks."""
         if self._reduced_max is not None:
             watch.add([v.grad for v in self._params.values()], self._reduced_max)
-        measured, _ = room(watch, scale)
+        measured, _ = room(watch, held)
         return min(self._gather(measured))
 
     def statistics(self, index: int) -> Optional[Dict[str, GradientStats]]:
@@ -169,12 +175,13 @@ class ScaleMeter:
             zero_grads()
             watch = RangeWatch(self._loss, self._ctx).run(self._loss, probe)
             self.watch_own(watch)
-            measured, largest = room(watch, probe)
+            held = held_scale(probe, self._dtype)       # backward(probe) seeds this
+            measured, largest = room(watch, held)
             if largest > 0.0 or probe >= upper:
                 break
             probe = min(probe * PROBE_STEP, upper)   # every gradient underflowed: look higher
         zero_grads()
-        starts = self._gather(calibrated_scale(probe, measured, lower, upper))
+        starts = self._gather(calibrated_scale(held, measured, lower, upper))
         scale = min(starts)
         self._policy.set_loss_scale(scale)
         self.calibration_pending = False

@@ -111,13 +111,18 @@ def _scale_or_auto(name: str, value: Any) -> Any:
     return check.real(name, value, gt=0.0)
 
 
+#: What a scale the loss's dtype rounds does, said by both updaters' ``scale``.
+_ROUNDED = (" A scale the loss's dtype holds only rounded (3000.7 is 3000 in float16) seeds "
+            "the pass rounded, and the gradients are divided by that rounded value "
+            "(:func:`~nnabla_mpt.seed.held_scale`).")
+
 SCALE = Option(
     "scale", 8.0, Union[float, Literal["auto"]],
     "The initial loss scale, or ``\"auto\"``: measured on the first step's own batch "
     "(see :doc:`measured`; until then :attr:`scale` reads the upper bound). A scale above "
     "the largest power of two the loss's dtype holds (``2**15`` for float16) is lowered to "
-    "it, with an info line.", _scale_or_auto)
-FIXED_SCALE = Option("scale", 128.0, float, "The loss scale; ``>= 1``.",
+    "it, with an info line." + _ROUNDED, _scale_or_auto)
+FIXED_SCALE = Option("scale", 128.0, float, "The loss scale; ``>= 1``." + _ROUNDED,
                      lambda name, value: FixedLossScale(value).loss_scale)
 SCALING_FACTOR = Option("scaling_factor", 2.0, float, "Growth factor of the scale (> 1).",
                         _real(gt=1.0))
@@ -216,8 +221,10 @@ COMMON = (
            "says ``kind=\"overflow\"`` (the batch is finite at a smaller scale) while the "
            "scale can still back off is no collapse: it is logged at info level and "
            "training goes on; if the scale then reaches ``min_scale`` the floor triggers. "
-           "A step whose loss itself is non-finite is skipped and counted without "
-           "lowering the scale (the policy is not updated for it).",
+           "The gradients decide whether a step is skipped: a skipped step whose loss "
+           "itself is non-finite is counted without lowering the scale (the policy is "
+           "not updated for it); a step whose loss is non-finite while its gradients "
+           "are finite updates and counts as a good step.",
            _choice("raise", "warn", "ignore")),
     Option("diagnose_after", 8, int,
            "Consecutive overflowing steps that trigger the diagnosis (>= 1). A single "

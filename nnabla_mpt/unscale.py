@@ -9,9 +9,11 @@ from ._gradsum import SquaredNorm, numpy_min_size
 class Unscaler:
     """Unscales the summed gradients, clips them, applies weight decay and updates.
 
-    The gradients hold ``scale`` × the sum over ``accum_grad`` micro-batches (and over the
-    ranks after an all-reduce, which itself divides by the number of ranks where they are
-    averaged). :meth:`unscale` divides them by the scale, and by ``accum_grad`` where the
+    The gradients hold the seed's value × the sum over ``accum_grad`` micro-batches (and
+    over the ranks after an all-reduce, which itself divides by the number of ranks where
+    they are averaged); the seed holds the loss scale rounded to the loss's dtype
+    (:func:`~nnabla_mpt.seed.held_scale`: 3000.0 for a scale of 3000.7 in float16).
+    :meth:`unscale` divides them by that held value, and by ``accum_grad`` where the
     micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
     takes the global L2 norm of the unscaled gradients, squared in float32, and scales
     them down to the bound when the norm exceeds it. :meth:`apply` applies weight decay to
@@ -37,14 +39,17 @@ class Unscaler:
         self._weight_decay = weight_decay
         self._squared_norm = None          # built on first use by grad_norm()
 
-    def unscale(self, scale: float) -> bool:
-        """Unscales the gradients of a step run with ``scale`` and clips them.
+    def unscale(self, held: float) -> bool:
+        """Unscales the gradients of a step whose seed held ``held`` (the step's scale as
+        the loss's dtype holds it, :attr:`~nnabla_mpt.seed.BackwardSeed.held`: dividing
+        by the scale itself would leave an error of up to 0.05% in float16) and clips
+        them.
 
         Returns False, the gradients unscaled but not clipped, when clipping is on and
         their norm is not finite: no factor brings such gradients to the bound (the
         updater skips the step as an overflow). True otherwise.
         """
-        factor = 1.0 / (scale * self._accum_divisor)
+        factor = 1.0 / (held * self._accum_divisor)
         if factor != 1.0:
             self._solver.scale_grad(factor)
         if self._clip is None:

@@ -44,8 +44,12 @@ class StepResult:
     Attributes:
         step: Index of the (last) step this call ran, counted from 0 over the updater's life.
         skipped: True when nothing was updated: the gradients overflowed (or the batch
-            held inf/NaN, see ``bad_batch``).
-        scale: The loss scale the step ran with.
+            held inf/NaN, see ``bad_batch``). The gradients decide: a loss that is inf/NaN
+            while the gradients are finite does not skip the step.
+        scale: The loss scale the step ran with, the policy's. The backward pass's seed
+            holds it rounded to the loss's dtype (3000.7 is 3000.0 in float16,
+            :func:`~nnabla_mpt.seed.held_scale`), and the gradients are divided by
+            that held value.
         next_scale: The loss scale of the next step.
         attempts: Steps this call ran: 1, or more in retry mode.
         precision: ``"half"`` or ``"float"``: the precision of the graph the step ran.
@@ -84,10 +88,11 @@ class StepResult:
     def loss(self) -> float:
         """The step's loss, before scaling: the mean over its micro-batches (and over the
         ranks, with a communicator; summed in float32 there), where ``loss.d`` holds only
-        the last micro-batch's. Read when first asked for (a host read, which training
-        does not pay for otherwise); until the next ``update()`` the last micro-batch's
-        value is the loss Variable's own array, so read it before running a forward pass
-        of that Variable yourself. NaN in a result built by hand."""
+        the last micro-batch's; inf/NaN where a forward pass overflowed, also on a step
+        that updated (its gradients were finite). Read when first asked for (a host read,
+        which training does not pay for otherwise); until the next ``update()`` the last
+        micro-batch's value is the loss Variable's own array, so read it before running a
+        forward pass of that Variable yourself. NaN in a result built by hand."""
         return math.nan if self._losses is None else self._losses.mean()
 
 
@@ -229,7 +234,7 @@ class _LossScalingUpdater(CollapseAttributes):
     def _step(self, attempts: int) -> StepResult:
         index = self.steps
         loss, precision = self._graph_at(index)
-        recorder, seeds = self._passes[id(loss)]
+        recorder, seed = self._passes[id(loss)]
         losses = recorder.start()
         scaled = precision != "float" or self.schedule is None
         fed = scaled and self._meter.calibration_pending   # scale="auto": measure first
@@ -239,17 +244,18 @@ class _LossScalingUpdater(CollapseAttributes):
         scale = self.policy.get_loss_scale() if scaled else 1.0
         watch = self._meter.growth_watch() if scaled else None
         watch_loss = self.schedule is not None and self.schedule.needs_loss
-        self._forward_backward(recorder, seeds.at(scale), scale, losses, watch, fed)
+        self._forward_backward(recorder, seed.at(scale), scale, losses, watch, fed)
         if watch is not None and self._in_backward is None:
             self._meter.watch_own(watch)     # this rank's gradients, before the reduce
         # as the backward produced them
         stats = self._meter.statistics(index) if self._meter.stats_every else None
         skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses, index)
-        room = None if watch is None or skipped else self._meter.growth_room(watch, scale)
-        skipped = skipped or not self._unscaler.unscale(scale)  # a norm not finite: overflow
+        room = (None if watch is None or skipped    # the seed's value: what the grads carry
+                else self._meter.growth_room(watch, seed.held))
+        skipped = skipped or not self._unscaler.unscale(seed.held)  # norm not finite: overflow
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
-        # A non-finite loss or batch is no overflow: a smaller scale cannot fix it, so the
-        # scale is kept; scale="auto" measures again, on the next batch.
+        # A skipped step's non-finite loss or batch is no overflow: a smaller scale cannot
+        # fix it, so the scale is kept; scale="auto" measures again, on the next batch.
         if scaled and not (loss_nonfinite or bad_batch):
             self.policy.update(skipped, room)
         if fed and bad_batch:
@@ -288,11 +294,10 @@ class _LossScalingUpdater(CollapseAttributes):
     def _forward_backward(self, recorder: LossRecorder, seed: "nn.NdArray", scale: float,
                           losses: StepLosses, watch: Optional[RangeWatch] = None,
                           fed: bool = False) -> None:
-        """Zeroes the gradients, then ``accum_grad`` × (feed, forward of the recorder's
-        loss kept in ``losses``, backward seeded with ``seed``, the array of ``scale``,
-        watched by ``watch`` if given); ``fed``: the first micro-batch is fed and forwarded
-        already. The last backward pass carries nnabla's all-reduce callback where the
-        gradients are reduced inside it."""
+        """Zeroes the gradients, then ``accum_grad`` × (feed, forward of the recorder's loss
+        kept in ``losses``, backward seeded with ``seed``, the array of ``scale``, watched by
+        ``watch`` if given); ``fed``: the first micro-batch is fed and forwarded already. The
+        last backward carries nnabla's all-reduce callback where it reduces the gradients."""
         loss = recorder.loss
         clear = self.clear_buffer
         reduce = None if self._in_backward is None else self._in_backward()

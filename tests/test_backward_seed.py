@@ -5,8 +5,8 @@ import pytest
 
 import nnabla.functions as F
 
-from nnabla_mpt import DynamicLossScalingUpdater
-from nnabla_mpt.seed import BackwardSeed
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt.seed import BackwardSeed, held_scale
 from support import Net, assert_bitwise_equal
 
 
@@ -74,3 +74,69 @@ def test_updater_steps_match_passes_seeded_with_numbers_while_the_scale_moves():
             solver.update()
         assert_bitwise_equal(net.snapshot(), twin.snapshot())
     assert len(scales) >= 3 and skipped >= 2
+
+
+# Scales the loss's dtype cannot hold: float16 holds 3000.7 as 3000.0 and 17496 as 17504
+# (0.02% and 0.05% off), float32 holds 3000.7 as 3000.69995...; 614.4 is 2048 * 0.3.
+NOT_HELD = [("half", 3000.7), ("half", 17496.0), ("half", 614.4), ("float", 3000.7)]
+NUMPY_TYPE = {"half": np.float16, "float": np.float32}
+
+
+@pytest.mark.parametrize("type_config, scale", NOT_HELD)
+def test_held_is_the_value_the_seed_holds(type_config, scale):
+    net = Net(type_config, hidden=4)
+    seed = BackwardSeed(net.loss)
+    net.feed(0)
+    net.loss.forward()
+    net.loss.backward(seed.at(scale))
+    held = float(np.asarray(seed.at(scale).data).ravel()[0])
+    assert seed.held == held == float(NUMPY_TYPE[type_config](scale)) != scale
+    assert held_scale(scale, np.dtype(NUMPY_TYPE[type_config]).name) == held
+
+
+@pytest.mark.parametrize("type_config, scale", NOT_HELD)
+@pytest.mark.parametrize("updater_type", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_the_gradients_are_divided_by_the_scale_the_seed_held(type_config, scale,
+                                                              updater_type):
+    """Each step's parameters are those of a hand loop that seeds ``backward(scale)`` and
+    divides the gradients by the scale rounded to the loss's dtype, bit for bit."""
+    net, twin = (Net(type_config, hidden=4, scope=s) for s in ("net", "twin"))
+    updater = updater_type(net.solver("Sgd", lr=0.05), net.loss, net.feeder, scale=scale)
+    solver = twin.solver("Sgd", lr=0.05)
+    held = float(NUMPY_TYPE[type_config](scale))
+    for step in range(3):
+        result = updater.update()
+        assert (result.updated, result.scale) == (True, scale), step
+        solver.zero_grad()
+        twin.feeder()
+        twin.loss.forward()
+        twin.loss.backward(scale)
+        solver.scale_grad(1.0 / held)
+        solver.update()
+        assert_bitwise_equal(net.snapshot(), twin.snapshot())
+
+
+def test_a_scale_reached_by_backoff_and_growth_is_divided_out_as_held():
+    """Backing off by 0.3 and growing by 1.5 from 1024 reaches scales float16 cannot hold
+    (307.2, 460.8, ...): every step matches a hand loop dividing by the held value."""
+    net, twin = (Net("half", scope=s) for s in ("net", "twin"))
+    for n in (net, twin):
+        n.large = {2, 7}                # overflows at 1024, not at 307.2
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.05), net.loss, net.feeder,
+                                        scale=1024.0, N=2, backoff_factor=0.3,
+                                        scaling_factor=1.5)
+    solver = twin.solver("Sgd", lr=0.05)
+    scales = []
+    for step in range(10):
+        result = updater.update()
+        scales.append(result.scale)
+        solver.zero_grad()
+        twin.feeder()
+        twin.loss.forward()
+        twin.loss.backward(result.scale)
+        assert solver.check_inf_or_nan_grad() == result.skipped, step
+        if not result.skipped:
+            solver.scale_grad(1.0 / float(np.float16(result.scale)))
+            solver.update()
+        assert_bitwise_equal(net.snapshot(), twin.snapshot())
+    assert sum(float(np.float16(s)) != s for s in scales) >= 3, scales

@@ -1,4 +1,5 @@
 """Real float16 overflow in the half-precision CPU context."""
+import math
 import sys
 
 import numpy as np
@@ -308,9 +309,9 @@ def test_stale_overflow_does_not_leak_into_the_next_step():
     _assert_equals_one_clean_step(net, solver, batch=1)
 
 
-def test_a_non_finite_loss_is_skipped_without_lowering_the_scale():
+def test_a_step_whose_loss_and_gradients_overflow_is_skipped_keeping_the_scale():
     net = _half_linear_net()
-    net.huge = {1}                              # x * 1e3: the float16 loss itself is inf
+    net.huge = {1}          # x * 1e3: the float16 loss itself is inf, and the gradients
     solver = net.solver("Adam", alpha=1e-2)
     updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=64.0, N=1000)
     assert updater.update().updated
@@ -385,3 +386,52 @@ def test_a_float32_loss_takes_the_small_scales_float32_holds():
 def test_the_smallest_positive_value_of_each_dtype(name):
     assert FLOATS[name].smallest == float(np.finfo(name).smallest_subnormal)
     assert float(np.array(FLOATS[name].smallest / 2, dtype=name)) == 0.0
+
+
+def _summed_half_net(scope):
+    """``loss = sum(x W + b)`` in float16 over 128 rows of x in [0.5, 1) and W of 600 and
+    more: every row is finite, their sum (over 76800) is not, and the gradients (the
+    column sums of x, 128 for b, times the scale) are."""
+    with nn.context_scope(context("half")), nn.parameter_scope(scope):
+        x = nn.Variable((128, 2))
+        y = PF.affine(x, 1, name="fc")
+        loss = F.sum(y)
+        params = nn.get_parameters(grad_only=False)
+    params["fc/affine/W"].d = np.array([[600.0], [700.0]], dtype=np.float32)
+    params["fc/affine/b"].d = np.zeros(1, dtype=np.float32)
+    rng = np.random.RandomState(3)
+
+    def feed():
+        x.d = rng.uniform(0.5, 1.0, x.shape).astype(np.float32)
+
+    with nn.context_scope(context("half")):
+        solver = S.Sgd(lr=1e-4)
+    solver.set_parameters(params)
+    return loss, params, solver, feed
+
+
+def test_an_inf_loss_with_finite_gradients_updates_and_counts_as_a_good_step():
+    """The gradients decide, as in nnabla's own updater: a loss that overflows in the
+    forward pass alone does not make the gradients wrong."""
+    loss, params, solver, feed = _summed_half_net("net")
+    twin, twin_params, twin_solver, twin_feed = _summed_half_net("twin")
+    start = {k: np.array(v.d, copy=True) for k, v in params.items()}
+    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=8.0, N=2)
+    for step in range(3):
+        good_steps = updater.policy.good_steps
+        r = updater.update()
+        assert (r.updated, r.skipped, r.bad_batch) == (True, False, False), step
+        assert r.loss == math.inf and math.isinf(float(loss.d)), step
+        assert updater.policy.good_steps == (good_steps + 1) % 2, step
+        twin_solver.zero_grad()
+        twin_feed()
+        twin.forward()
+        twin.backward(r.scale)
+        assert not twin_solver.check_inf_or_nan_grad(), step       # finite gradients
+        twin_solver.scale_grad(1.0 / r.scale)                       # powers of two
+        twin_solver.update()
+        assert_bitwise_equal({k: v.d for k, v in params.items()},
+                             {k: v.d for k, v in twin_params.items()})
+    assert [updater.steps, updater.updates, updater.skipped_steps] == [3, 3, 0]
+    assert r.next_scale == updater.scale == 16.0            # grown after N=2 good steps
+    assert not np.array_equal(params["fc/affine/W"].d, start["fc/affine/W"])

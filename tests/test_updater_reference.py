@@ -86,7 +86,7 @@ class ReferenceTraining:
         if self.saturation:
             overflow = overflow or max(np.abs(gW).max(), np.abs(gb).max()) >= 65504.0
         if overflow:
-            # A non-finite loss is skipped without touching the scale: a smaller scale
+            # A skipped step whose loss is non-finite keeps the scale: a smaller scale
             # cannot make the loss finite.
             if not self.fixed and loss_finite:
                 self.good = 0
