@@ -471,6 +471,51 @@ def test_gradient_stats_every_k_steps_are_those_of_the_backward_pass():
     assert any(s.zero_fraction > 0 for s in got.values())
 
 
+def test_gradient_stats_count_nan_and_inf_as_non_finite_not_as_zeros(tmp_path):
+    # A NaN in the batch of the linear float16 net: every element of both gradients is NaN
+    # (each sums over the batch rows, the NaN row among them). No zero, no subnormal.
+    from nnabla.monitor import Monitor
+
+    from nnabla_mpt import LossScaleMonitor
+
+    net = Net("half")
+    net.nan = {0}
+    monitor = LossScaleMonitor(Monitor(str(tmp_path)), interval=1)
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale=8.0, gradient_stats_every=1, monitor=monitor)
+    result = updater.update()
+    assert result.bad_batch and sorted(result.gradient_stats) == ["out/affine/W",
+                                                                  "out/affine/b"]
+    for name, st in result.gradient_stats.items():
+        assert np.isnan(net.params[name].g).all(), name
+        assert (st.zero_fraction, st.subnormal_fraction, st.nonfinite_fraction,
+                st.max_abs, st.headroom) == (0.0, 0.0, 1.0, math.inf, -math.inf), name
+    series = (tmp_path / "loss-scale-gradient-zero-fraction.series.txt").read_text()
+    assert [float(x) for x in series.split()] == [0.0, 0.0]
+
+
+def test_gradient_stats_of_a_mixed_gradient_are_exact():
+    # d/dp sum(p * c) = c at scale 1: the gradient of p is the float16 image of c, with
+    # three zeros, a NaN, two infinities, a subnormal and three normal values.
+    c = np.array([0.0, -0.0, 0.0, np.nan, np.inf, -np.inf, 1e-6, 1.0, -2.0, 0.5],
+                 dtype=np.float32)
+    x = nn.Variable.from_numpy_array(c)
+    with nn.context_scope(context("half")), nn.parameter_scope("mixed"):
+        p = nn.parameter.get_parameter_or_create("p", c.shape, np.ones_like(c))
+        loss = F.sum(F.mul2(p, x))
+        params = nn.get_parameters()
+    solver = S.Sgd(0.1)
+    solver.set_parameters(params)
+    result = FixedLossScalingUpdater(solver, loss, scale=1.0,
+                                     gradient_stats_every=1).update()
+    g = np.asarray(params["p"].g)
+    assert g.dtype == np.float16 and np.array_equal(g, c.astype(np.float16), equal_nan=True)
+    st = result.gradient_stats["p"]
+    assert (st.size, st.dtype, st.zero_fraction, st.subnormal_fraction,
+            st.nonfinite_fraction, st.max_abs, st.headroom) == (
+                10, "float16", 0.3, 0.1, 0.3, math.inf, -math.inf)
+
+
 def test_loss_scale_monitor_writes_the_gradient_series(tmp_path):
     from nnabla.monitor import Monitor
 
