@@ -470,9 +470,9 @@ class RangeWatch(BackwardHooks):
 
     def read(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(maxima, limits, bounds)``: the largest ``|g|`` of every watched gradient (NaN
-        or inf where it holds NaN or inf), read back now, all at once; the largest finite value of each one's dtype; and each
-        one's bound in units of the scale (``inf`` for none). Float64 arrays, empty when
-        nothing was watched."""
+        or inf where it holds NaN or inf), read back now, all at once; the largest finite
+        value of each one's dtype; and each one's bound in units of the scale (``inf`` for
+        none). Float64 arrays, empty when nothing was watched."""
         if not self._maxima:
             return np.empty(0), np.empty(0), np.empty(0)
         import nnabla as nn
