@@ -10,7 +10,8 @@ step never runs any of this code.
 The report is a dataclass for programs (``report.kind``, ``report.function``,
 ``report.phase``, ``report.nonfinite_params``, ...) and prints as a text for people; it
 lives in ``nnabla_mpt.report``, the hooks that watch each pass in ``nnabla_mpt.watch``.
-This module runs the passes and classifies what they saw.
+This module runs the passes, classifies what they saw, and writes back afterwards the
+state the replay's forward pass moves (BatchNormalization's running statistics).
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _validate as check
+from . import graph
 from .dtypes import FP16_MAX
 from .report import LossScaleCollapseError, OverflowReport, fmt_scale
-from .watch import (BackwardWatch, ForwardWatch, array_stats, narrowest_float,
+from .watch import (BackwardWatch, ForwardWatch, array_stats, dtype_name, narrowest_float,
                     narrowest_float_max)
 
 __all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose"]
@@ -42,9 +44,14 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
     into it are finite. A backward culprit is checked again at scale 1 to tell an
     overflow (fixed by a smaller scale) from a model problem.
 
-    Call it only after a step was skipped: the gradients of the graph's leaf variables
-    (parameters included) are zeroed before the replay and are zero again on return.
-    Random functions (Dropout) draw new values in the replay.
+    It leaves the model as it found it: the values of every leaf variable of the graph
+    that needs no gradient (BatchNormalization's running mean and variance, which a
+    forward pass in training mode moves; any other such state; the batch) and the
+    loss's own array are written back bitwise, in their dtype, on return. Not restored:
+    random functions (Dropout, augmentation) draw new values in the replay, and nnabla's
+    random generators move on; the gradients of the graph's leaf variables (parameters
+    included) are zeroed before the replay and are zero again on return, so call it
+    after a step was skipped, or before the next step's backward pass.
 
     Args:
         loss: The loss ``nnabla.Variable`` the training step differentiates.
@@ -76,6 +83,13 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
         ValueError: if ``scale`` is not finite and > 0, or ``chain_length`` < 1.
     """
     scale, params, chain_length = _checked_arguments(loss, scale, params, chain_length)
+    with _KeptState(loss):
+        return _replayed(loss, scale, params, chain_length)
+
+
+def _replayed(loss: Any, scale: float, params: Mapping[str, Any],
+              chain_length: int) -> OverflowReport:
+    """The report of :func:`diagnose` from its replay of the batch (arguments checked)."""
     forward = ForwardWatch(params).run(loss)
     report = _forward_report(forward, loss, scale)
     with _Replay(loss, params, forward) as replay:   # gradients are zero again on exit
@@ -92,6 +106,28 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
 
 
 # --------------------------------------------------------------------------- replay
+
+
+class _KeptState:
+    """The arrays of the graph of ``loss`` that training keeps and a replay would write:
+    those of the leaf variables that need no gradient (BatchNormalization's running
+    statistics are updated in place by every forward pass in training mode) and the
+    loss's own (the step's loss), copied on entry and written back bitwise, in the dtype
+    they held, on exit."""
+
+    def __init__(self, loss: Any) -> None:
+        kept = [v for v in graph.graph_inputs(loss) if v.parent is None and not v.need_grad]
+        self._arrays = [v.data for v in kept + [loss]]
+        self._saved: List[Tuple[Any, np.ndarray]] = []
+
+    def __enter__(self) -> "_KeptState":
+        self._saved = [(a, np.array(a.data, copy=True)) for a in self._arrays
+                       if dtype_name(a) != "uninitialized"]
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for array, values in self._saved:
+            array.cast(values.dtype)[...] = values
 
 
 def _checked_arguments(loss: Any, scale: float, params: Optional[Mapping[str, Any]],

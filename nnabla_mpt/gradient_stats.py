@@ -26,11 +26,13 @@ class GradientStats:
     Attributes:
         size: Number of elements.
         dtype: The gradient's dtype (``"float16"``, ``"float32"``).
-        zero_fraction: Fraction of the elements that are exactly zero.
+        zero_fraction: Fraction of the elements that are exactly zero (inf and NaN are
+            not zeros).
         subnormal_fraction: Fraction that are non-zero but below the dtype's smallest
             normal value (``2**-14`` in float16): values losing precision, next to flush.
-        nonfinite_fraction: Fraction that are inf or NaN.
-        max_abs: The largest absolute value (inf or NaN when the gradient holds such).
+        nonfinite_fraction: Fraction that are inf or NaN. The three fractions count
+            disjoint sets of elements.
+        max_abs: The largest absolute value (inf when the gradient holds inf or NaN).
         headroom: How many powers of two the scale could still grow before this gradient
             overflows: ``floor(log2(dtype max / max_abs))``; ``inf`` for an all-zero
             gradient, ``-inf`` for one holding inf or NaN.
@@ -62,9 +64,9 @@ def gradient_stats(params: Mapping[str, Any], ctx: Any) -> Dict[str, GradientSta
             if kind is None or g.size == 0:
                 continue
             a = F.abs(g)
-            nonzero = F.greater_scalar(a, 0.0)
+            nonzero = F.greater_scalar(a, 0.0)      # false for NaN, as equal_scalar(a, 0)
             rows.append(F.stack(
-                F.max(a), F.sum(F.logical_not(nonzero)),
+                F.max(a), F.sum(F.equal_scalar(a, 0.0)),
                 F.sum(F.logical_and(nonzero, F.less_scalar(a, kind.tiny))),
                 F.add2(F.sum(F.isinf(g)), F.sum(F.isnan(g)))))
             names.append((name, g.size, kind))

@@ -25,6 +25,14 @@ one batch cannot bound, and keeps ``MARGIN`` to its dtype's largest value.
 
       s0 = the largest power of two  <=  h * R,   within [min_scale, upper bound]
 
+  A batch no scale can measure sets no scale: one whose loss is not finite (the loss is
+  computed before any scaling), or whose gradients are not finite at the probe and still
+  not at the dtype's smallest normal value (an input beyond the dtype's range or holding
+  inf/NaN, a corrupted parameter: no scale makes them finite). The scale stays where it
+  is, the calibration stays pending, and the next step measures its own batch; with a
+  communicator, one such rank makes every rank wait for the next batch. Gradients finite
+  at that small scale but not at the probe are an overflow: the start is ``min_scale``.
+
 * **Measured growth** (``growth_mode="measured"``). On the step where growth is due, ``R``
   is measured at the step's own scale ``s`` and the scale becomes ``s * f**k`` for the
   largest ``k >= 0`` with ``f**k <= R`` (within the upper bound; ``k = 0`` holds the
@@ -128,6 +136,7 @@ class ScaleMeter:
         self._ctx = graph.float_context(loss)
         self._dtype = graph.loss_dtype(loss)
         self._own_max = graph.float_type_of(loss).max
+        self._tiny = graph.float_type_of(loss).tiny
         self._reduced_max = None if reduced_dtype is None else float_type(reduced_dtype).max
         self.auto_scale = calibrate
         self.calibration_pending = calibrate
@@ -165,23 +174,34 @@ class ScaleMeter:
         buffers (``forward``), and sets the policy's scale from watched probe backward
         passes on it (with a communicator, the smallest start over the ranks); the
         gradients are zero again on return, the forward pass's buffers kept for the step's
-        own backward."""
+        own backward. Returns the scale the step runs with.
+
+        A batch no scale can measure (its loss is not finite, or its gradients are not
+        finite at the probe nor at the dtype's smallest normal value), on any rank, sets no
+        scale: the policy's scale is kept, ``calibration_pending`` stays True and the next
+        call measures the next batch; an info line says why."""
         if data_feeder is not None:
             data_feeder()
         forward()
         lower, upper = self._policy.min_scale, self._policy.max_scale
-        probe = min(1.0, upper)
-        while True:
-            zero_grads()
-            watch = RangeWatch(self._loss, self._ctx).run(self._loss, probe)
-            self.watch_own(watch)
-            held = held_scale(probe, self._dtype)       # backward(probe) seeds this
-            measured, largest = room(watch, held)
-            if largest > 0.0 or probe >= upper:
-                break
-            probe = min(probe * PROBE_STEP, upper)   # every gradient underflowed: look higher
-        zero_grads()
-        starts = self._gather(calibrated_scale(held, measured, lower, upper))
+        probe, measured, largest = min(1.0, upper), 0.0, math.nan
+        why = self._loss_not_finite()
+        if not why:
+            probe, measured, largest = self._probe(probe, upper, zero_grads)
+            lowest = min(lower, self._tiny)
+            if math.isinf(largest) and math.isinf(self._probe(lowest, lowest, zero_grads)[2]):
+                why = (f"its gradients are not finite at scale {probe:g} nor at {lowest:g}, "
+                       f"so at no scale (an input beyond the dtype's range or holding "
+                       f"inf/NaN, or a parameter that does)")
+        starts = self._gather(math.nan if why else
+                              calibrated_scale(held_scale(probe, self._dtype), measured,
+                                                 lower, upper))
+        if any(math.isnan(start) for start in starts):
+            scale = self._policy.get_loss_scale()
+            logger.info(f"nnabla_mpt: scale='auto' measures nothing on this step's batch: "
+                        f"{why or 'the batch of another rank cannot be measured'}; the scale "
+                        f"stays {scale:g} and the next step measures its own batch")
+            return scale
         scale = min(starts)
         self._policy.set_loss_scale(scale)
         self.calibration_pending = False
@@ -191,3 +211,26 @@ class ScaleMeter:
                     f"gradient the scale does not bound {MARGIN:g} times below its "
                     f"dtype's largest value (bounds [{lower:g}, {upper:g}])")
         return scale
+
+    def _probe(self, probe: float, upper: float,
+               zero_grads: Callable[[], None]) -> Tuple[float, float, float]:
+        """``(probe, R, largest)`` of watched backward passes from ``probe`` up, ``2**8``
+        times higher while every gradient is zero, up to ``upper``; the gradients are zero
+        again on return."""
+        while True:
+            zero_grads()
+            watch = RangeWatch(self._loss, self._ctx).run(self._loss, probe)
+            self.watch_own(watch)
+            measured, largest = room(watch, held_scale(probe, self._dtype))  # seeded value
+            if largest > 0.0 or probe >= upper:
+                break
+            probe = min(probe * PROBE_STEP, upper)   # every gradient underflowed: look higher
+        zero_grads()
+        return probe, measured, largest
+
+    def _loss_not_finite(self) -> str:
+        """Why no scale can make the batch in the graph finite when its loss (computed
+        before any scaling) is not, or ``""``."""
+        value = np.asarray(self._loss.d, dtype=np.float64)
+        bad = value[~np.isfinite(value)]
+        return f"its loss is not finite ({bad[0]:g})" if bad.size else ""

@@ -164,7 +164,7 @@ class LossScaleMonitor(LossScaleCallback):
     (the last statistics of the window):
 
     * ``<prefix>-gradient-zero-fraction.series.txt``: fraction of gradient values that are
-      zero;
+      exactly zero (inf and NaN are not);
     * ``<prefix>-gradient-subnormal-fraction.series.txt``: fraction that are subnormal;
     * ``<prefix>-gradient-headroom.series.txt``: the smallest headroom of any parameter,
       in powers of two (see :class:`~nnabla_mpt.GradientStats`).

@@ -119,7 +119,9 @@ _ROUNDED = (" A scale the loss's dtype holds only rounded (3000.7 is 3000 in flo
 SCALE = Option(
     "scale", 8.0, Union[float, Literal["auto"]],
     "The initial loss scale, or ``\"auto\"``: measured on the first step's own batch "
-    "(see :doc:`measured`; until then :attr:`scale` reads the upper bound). A scale above "
+    "(see :doc:`measured`; until then :attr:`scale` reads the upper bound); a batch whose "
+    "loss, or whose gradients at any scale, are not finite is not measured, and the next "
+    "step measures its own. A scale above "
     "the largest power of two the loss's dtype holds (``2**15`` for float16) is lowered to "
     "it, with an info line." + _ROUNDED, _scale_or_auto)
 FIXED_SCALE = Option("scale", 128.0, float, "The loss scale; ``>= 1``." + _ROUNDED,

@@ -462,15 +462,17 @@ class RangeWatch(BackwardHooks):
         import nnabla as nn
         import nnabla.functions as F
         with nn.context_scope(self._ctx):
-            self._maxima.append(F.reshape(F.max(F.abs(array)), (1,)))
+            # max() passes over NaN: 0 * sum() adds NaN where the array holds NaN or inf
+            top = F.add2(F.max(F.abs(array)), F.mul_scalar(F.sum(array), 0.0))
+            self._maxima.append(F.reshape(top, (1,)))
         self._limits.append(FLOATS[name].max if limit is None else limit)
         self._bounds.append(bound)
 
     def read(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(maxima, limits, bounds)``: the largest ``|g|`` of every watched gradient, read
-        back now, all at once; the largest finite value of each one's dtype; and each
-        one's bound in units of the scale (``inf`` for none). Float64 arrays, empty when
-        nothing was watched."""
+        """``(maxima, limits, bounds)``: the largest ``|g|`` of every watched gradient (NaN
+        or inf where it holds NaN or inf), read back now, all at once; the largest finite
+        value of each one's dtype; and each one's bound in units of the scale (``inf`` for
+        none). Float64 arrays, empty when nothing was watched."""
         if not self._maxima:
             return np.empty(0), np.empty(0), np.empty(0)
         import nnabla as nn

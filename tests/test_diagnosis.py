@@ -266,6 +266,31 @@ def test_a_healthy_batch_is_not_reproduced_and_leaves_gradients_zero():
     assert "no function reproduced" in text and "micro-batch" in text
 
 
+@pytest.mark.parametrize("forward_first", [False, True])
+def test_diagnose_leaves_the_running_statistics_and_the_loss_bitwise(forward_first):
+    # BatchNormalization in training mode moves its running mean and variance at every
+    # forward pass; the replay's forward pass must not leave them moved, neither on fresh
+    # parameters (float32 arrays) nor after a forward pass (float16 arrays now).
+    rng = np.random.RandomState(0)
+    x = nn.Variable.from_numpy_array(rng.randn(8, 3).astype(np.float32))
+    with nn.context_scope(HALF):
+        h = PF.batch_normalization(_affine(x, 4, "fc", 0), name="bn")
+        loss = F.mean(F.log(F.relu(h)))          # -inf: a model problem in forward
+    if forward_first:
+        loss.forward()
+    state = {k: v.data for k, v in nn.get_parameters(grad_only=False).items()
+             if not v.need_grad}
+    assert sorted(state) == ["bn/bn/mean", "bn/bn/var"]
+    before = {k: (a.dtype, np.array(a.data, copy=True)) for k, a in state.items()}
+    loss_before = np.array(loss.d, copy=True)
+    report = diagnose(loss, 1024.0)
+    assert (report.kind, report.function) == ("model", "Log")
+    for name, (dtype, values) in before.items():
+        assert state[name].dtype == dtype == (np.float16 if forward_first else np.float32)
+        assert np.array(state[name].data).tobytes() == values.tobytes(), name
+    assert np.array(loss.d).tobytes() == loss_before.tobytes()
+
+
 def test_gradients_are_zero_after_a_diagnosis_that_found_nan():
     loss, x, mask = masked_log_likelihood()
     mask.d = np.zeros(mask.shape)

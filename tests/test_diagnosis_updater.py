@@ -285,3 +285,42 @@ def test_options_are_keyword_only_with_defaults():
     assert (u.floor_policy, u.diagnose_after, u.last_report) == ("raise", 8, None)
     f = FixedLossScalingUpdater(solver, loss, feed, floor_policy="warn", diagnose_after=2)
     assert (f.floor_policy, f.diagnose_after) == ("warn", 2)
+
+
+# -- the model after a diagnosis -----------------------------------------------------------
+
+def _batch_normalized_run(diagnose_after):
+    """One step of a float16 graph with BatchNormalization whose gradients overflow at the
+    start scale 2**15 (a finite loss; targets of 50 make gradients of 4e5 there), floor
+    policy "warn". Returns the updater, the step and the running statistics after it."""
+    nn.clear_parameters()
+    rng = np.random.RandomState(3)
+    x = nn.Variable.from_numpy_array(rng.randn(8, 3).astype(np.float32))
+    t = nn.Variable.from_numpy_array(np.full((8, 1), 50.0, dtype=np.float32))
+    with nn.context_scope(HALF):
+        h = PF.batch_normalization(_affine(x, 4, "fc1", 0), name="bn")
+        loss = F.mean(F.squared_error(_affine(F.relu(h), 1, "fc2", 1), t))
+    solver = S.Sgd(0.1)
+    solver.set_parameters(nn.get_parameters())
+    updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 15, N=1000,
+                                        diagnose_after=diagnose_after, floor_policy="warn")
+    step = updater.update()
+    state = {k: np.array(v.d, copy=True)
+             for k, v in nn.get_parameters(grad_only=False).items() if not v.need_grad}
+    return updater, step, state
+
+
+def test_a_diagnosed_step_leaves_the_running_statistics_as_one_forward_pass_left_them(
+        count_diagnose):
+    diagnosed, step, after = _batch_normalized_run(diagnose_after=1)
+    assert step.skipped and np.isfinite(step.loss) and count_diagnose == [2.0 ** 15]
+    assert diagnosed.last_report is not None
+    assert sorted(after) == ["bn/bn/mean", "bn/bn/var"]
+    undiagnosed, same_step, expected = _batch_normalized_run(diagnose_after=1000)
+    assert same_step.skipped and undiagnosed.last_report is None
+    assert count_diagnose == [2.0 ** 15]
+    for name in expected:
+        assert after[name].dtype == expected[name].dtype
+        assert after[name].tobytes() == expected[name].tobytes(), name
+        assert np.abs(expected[name] - (0.0 if name.endswith("mean") else 1.0)).max() > 0
+    assert step.loss == same_step.loss

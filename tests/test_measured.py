@@ -119,18 +119,101 @@ def test_auto_looks_higher_while_every_gradient_is_zero(info_log):
     assert "at scale 32768 the largest gradient is 0," in line
 
 
-def test_auto_with_a_backward_non_finite_at_scale_one_is_a_collapse():
+def test_auto_with_a_parameter_non_finite_at_any_scale_waits_and_then_collapses(info_log):
+    # A corrupted parameter: the loss is not finite, and no scale can make it finite. The
+    # calibration measures nothing and sets no scale (the floor would be a collapse the
+    # scale did not cause); every step skips, the streak grows, and its diagnosis names
+    # the parameter.
     net = Net("half")
     bias = net.params["out/affine/b"]
-    bias.d = np.array([np.inf, 0.0])    # a corrupted parameter: non-finite at any scale
+    bias.d = np.array([np.inf, 0.0])
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale="auto", min_scale=2.0)
+                                        scale="auto", min_scale=2.0, diagnose_after=3)
+    updater.update(), updater.update()
     with pytest.raises(LossScaleCollapseError) as info:
         updater.update()
     assert info.value.report.kind == "data"
     assert info.value.report.bad_leaves == ["out/affine/b"]
-    assert updater.last_result.scale == 2.0 and updater.last_result.skipped
+    assert updater.last_result.scale == 2.0 ** 15 and updater.last_result.skipped
+    assert updater.state_dict()["calibration_pending"] is True
     assert updater.last_report is info.value.report
+    lines = [m for m in messages(info_log) if "scale='auto'" in m]
+    assert len(lines) == 3 and all("its loss is not finite" in m for m in lines)
+
+
+def test_auto_with_gradients_finite_at_a_smaller_scale_starts_at_the_floor(info_log):
+    # Gradients beyond float16 at scale 1 that a smaller scale would fix (the loss is
+    # finite): an overflow, not a batch to skip. min_scale=1 forbids the fix: the start is
+    # the floor, where the step overflows, a collapse.
+    net = Net("half", batch=64)
+    with nn.context_scope(net.ctx):
+        steep = F.sum(F.sin(F.mul_scalar(net.y, 2.0 ** 13)))
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), steep, net.feeder,
+                                        scale="auto")
+    with pytest.raises(LossScaleCollapseError):
+        updater.update()
+    assert math.isfinite(updater.last_result.loss)
+    assert updater.last_result.scale == 1.0 and updater.last_result.skipped
+    [line] = [m for m in messages(info_log) if "scale='auto'" in m]
+    assert "starts at 1:" in line and "the largest gradient is inf" in line
+
+
+@pytest.mark.parametrize("floor_policy", ["raise", "warn", "ignore"])
+def test_auto_measures_again_after_a_first_loss_not_finite(floor_policy, info_log):
+    # Finite inputs, one of them (1e5) beyond float16: the first batch's loss is inf. No
+    # scale fixes that; the calibration keeps the scale and measures the next batch, which
+    # gives the start a run beginning with that batch gets. No collapse at the floor.
+    def with_a_huge_input(net):
+        batch = net.batch
+
+        def huge_first(index):
+            x, t = batch(index)
+            if index == 0:
+                x[0, 0] = 1e5
+            return x, t
+        net.batch = huge_first
+        return net
+
+    net = with_a_huge_input(Net("half", scope="huge"))
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale="auto", N=1000, floor_policy=floor_policy)
+    first = updater.update()
+    assert (first.skipped, first.bad_batch, first.scale, first.next_scale) == (
+        True, False, 2.0 ** 15, 2.0 ** 15)
+    assert math.isinf(first.loss) and updater.state_dict()["calibration_pending"] is True
+    second = updater.update()
+
+    ref = Net("half", scope="ref")
+    ref.calls = 1                           # its first batch is the other run's second
+    start = DynamicLossScalingUpdater(ref.solver("Sgd", lr=0.1), ref.loss, ref.feeder,
+                                      scale="auto", N=1000).update().scale
+    assert 1.0 < start < 2.0 ** 15
+    assert (second.skipped, second.scale, updater.scale) == (False, start, start)
+    assert updater.state_dict()["calibration_pending"] is False
+    assert updater.last_report is None
+    lines = [m for m in messages(info_log) if "scale='auto'" in m]
+    assert "measures nothing" in lines[0] and "its loss is not finite (inf)" in lines[0]
+    assert "the scale stays 32768" in lines[0]
+    assert f"starts at {start:g}:" in lines[1]
+
+
+def test_auto_measures_again_after_a_nan_through_a_relu(info_log):
+    # A NaN input through a ReLU: the loss is finite, the gradients are NaN at every scale.
+    # The step is a bad batch; the calibration sets no scale and the next step measures.
+    net = Net("half", hidden=8, activation="relu")
+    net.nan = {0}
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale="auto", min_scale=2.0, N=1000)
+    first, second = updater.update(), updater.update()
+    assert math.isfinite(first.loss)
+    assert (first.skipped, first.bad_batch, first.scale) == (True, True, 2.0 ** 15)
+    ref = Net("half", hidden=8, activation="relu", scope="ref")
+    ref.feed(1)
+    start = expected_start(room_by_numpy(ref.loss, ref.params, 1.0), lower=2.0)
+    assert 2.0 < start and (second.updated, second.scale, updater.scale) == (True, start, start)
+    lines = [m for m in messages(info_log) if "scale='auto'" in m]
+    assert "its gradients are not finite at scale 1 nor at 6.10352e-05" in lines[0]
+    assert f"starts at {start:g}:" in lines[1]
 
 
 def test_auto_measures_again_after_a_bad_first_batch(info_log):
@@ -197,8 +280,9 @@ def test_a_calibration_still_due_at_the_precision_switch_is_dropped(info_log):
     assert second.loss == float(twin.d)
     assert_bitwise_equal({k: v.d.copy() for k, v in params.items()},
                          {k: v.d.copy() for k, v in twin_params.items()})
-    # step 0 measured (its bad batch); step 1 did not
-    assert len([m for m in messages(info_log) if "scale='auto' starts" in m]) == 1
+    # step 0 measured nothing (its bad batch, NaN at any scale); step 1 did not measure
+    [line] = [m for m in messages(info_log) if "scale='auto'" in m]
+    assert "measures nothing" in line
 
 
 def _resumed(path, steps, bad=(), **options):
@@ -385,6 +469,51 @@ def test_gradient_stats_every_k_steps_are_those_of_the_backward_pass():
     assert seen == 2
     assert any(s.subnormal_fraction > 0 for s in got.values())
     assert any(s.zero_fraction > 0 for s in got.values())
+
+
+def test_gradient_stats_count_nan_and_inf_as_non_finite_not_as_zeros(tmp_path):
+    # A NaN in the batch of the linear float16 net: every element of both gradients is NaN
+    # (each sums over the batch rows, the NaN row among them). No zero, no subnormal.
+    from nnabla.monitor import Monitor
+
+    from nnabla_mpt import LossScaleMonitor
+
+    net = Net("half")
+    net.nan = {0}
+    monitor = LossScaleMonitor(Monitor(str(tmp_path)), interval=1)
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                        scale=8.0, gradient_stats_every=1, monitor=monitor)
+    result = updater.update()
+    assert result.bad_batch and sorted(result.gradient_stats) == ["out/affine/W",
+                                                                  "out/affine/b"]
+    for name, st in result.gradient_stats.items():
+        assert np.isnan(net.params[name].g).all(), name
+        assert (st.zero_fraction, st.subnormal_fraction, st.nonfinite_fraction,
+                st.max_abs, st.headroom) == (0.0, 0.0, 1.0, math.inf, -math.inf), name
+    series = (tmp_path / "loss-scale-gradient-zero-fraction.series.txt").read_text()
+    assert [float(x) for x in series.split()] == [0.0, 0.0]
+
+
+def test_gradient_stats_of_a_mixed_gradient_are_exact():
+    # d/dp sum(p * c) = c at scale 1: the gradient of p is the float16 image of c, with
+    # three zeros, a NaN, two infinities, a subnormal and three normal values.
+    c = np.array([0.0, -0.0, 0.0, np.nan, np.inf, -np.inf, 1e-6, 1.0, -2.0, 0.5],
+                 dtype=np.float32)
+    x = nn.Variable.from_numpy_array(c)
+    with nn.context_scope(context("half")), nn.parameter_scope("mixed"):
+        p = nn.parameter.get_parameter_or_create("p", c.shape, np.ones_like(c))
+        loss = F.sum(F.mul2(p, x))
+        params = nn.get_parameters()
+    solver = S.Sgd(0.1)
+    solver.set_parameters(params)
+    result = FixedLossScalingUpdater(solver, loss, scale=1.0,
+                                     gradient_stats_every=1).update()
+    g = np.asarray(params["p"].g)
+    assert g.dtype == np.float16 and np.array_equal(g, c.astype(np.float16), equal_nan=True)
+    st = result.gradient_stats["p"]
+    assert (st.size, st.dtype, st.zero_fraction, st.subnormal_fraction,
+            st.nonfinite_fraction, st.max_abs, st.headroom) == (
+                10, "float16", 0.3, 0.1, 0.3, math.inf, -math.inf)
 
 
 def test_loss_scale_monitor_writes_the_gradient_series(tmp_path):

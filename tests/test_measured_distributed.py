@@ -56,3 +56,14 @@ def test_the_step_loss_is_the_mean_over_the_ranks(run):
     mean = np.mean([meta["local_loss"] for _, meta in res], axis=0)
     finite = np.isfinite(mean)
     np.testing.assert_allclose(np.array(ref)[finite], mean[finite], rtol=1e-5)
+
+
+def test_a_first_batch_no_scale_can_measure_on_one_rank_makes_every_rank_measure_again(run):
+    n, res = run
+    ref = res[0][1]["huge"]
+    (skipped0, scale0, next0), (skipped1, scale1, next1) = ref
+    assert (skipped0, scale0, next0) == (True, 2.0 ** 15, 2.0 ** 15)   # no scale set
+    assert not skipped1 and 1.0 < scale1 < 2.0 ** 15                   # measured at step 1
+    for r, (_, meta) in enumerate(res):
+        assert [tuple(s) for s in meta["huge"]] == [tuple(s) for s in ref], f"rank {r}"
+        assert meta["huge_pending"] is False

@@ -8,7 +8,10 @@ own batches; the last rank's inputs are 4 times larger (its gradients decide the
 and at steps 6 and 7 they are 10 times larger again: its float16 gradients overflow, the scale
 backs off twice, and the next growth point measures its way back. Each rank also runs,
 in a separate scope and without the communicator, the calibration alone on its own first
-batch (``local_start``). Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
+batch (``local_start``). A third run, in its own scope, feeds rank 0 a first batch
+holding ``1e5`` (beyond float16: its loss is inf) and every other rank an ordinary one:
+no rank sets a scale from step 0, and step 1 measures on every rank (``huge``).
+Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
 """
 import sys
 from pathlib import Path
@@ -59,6 +62,24 @@ lx.d, lt.d = batch(0)
 local = DynamicLossScalingUpdater(lsolver, lloss, None, scale="auto")
 local_start = local.update().scale
 
+# A first batch that cannot be measured on rank 0 only.
+hx, ht, hloss, hparams, hsolver = build("huge")
+comm.broadcast_parameters(hparams)
+
+
+def huge_feed():
+    xs, ts = batch(huge.steps)
+    if rank == 0 and huge.steps == 0:
+        xs[0, 0] = 1e5
+    hx.d, ht.d = xs, ts
+
+
+huge = DynamicLossScalingUpdater(hsolver, hloss, huge_feed, scale="auto", N=1000,
+                                 comm=comm, average_ranks=True)
+huge_steps = [huge.update() for _ in range(2)]
+huge_meta = [(bool(r.skipped), r.scale, r.next_scale) for r in huge_steps]
+huge_pending = huge.state_dict()["calibration_pending"]
+
 x, t, loss, params, solver = build("net")
 comm.broadcast_parameters(params)
 
@@ -72,7 +93,7 @@ updater = DynamicLossScalingUpdater(solver, loss, feed, scale="auto", N=3,
                                     comm=comm, average_ranks=True)
 meta = {"rank": rank, "size": size, "local_start": local_start, "skipped": [], "scale": [],
         "next_scale": [], "stats_steps": [], "stats_max_abs": [], "loss": [],
-        "local_loss": []}
+        "local_loss": [], "huge": huge_meta, "huge_pending": huge_pending}
 for _ in range(STEPS):
     r = updater.update()
     meta["skipped"].append(bool(r.skipped))
