@@ -20,7 +20,7 @@ level, and at warning level on the 1st, 10th, 100th, ... one, so that a data pip
 feeding nothing but bad batches is not skipped in silence.
 """
 import logging
-from typing import Callable, List, Mapping, Optional
+from typing import Callable, List, Mapping, Optional, Set
 
 from nnabla.logger import logger
 
@@ -65,6 +65,7 @@ class CollapseWatch:
         self.overflow_streak = 0
         self.longest_overflow_streak = 0
         self.bad_batches = 0
+        self._nonfinite_state: Set[str] = set()   # as the last bad batch found it
         self.last_report: Optional[OverflowReport] = None
         # A streak is diagnosed once by its length, and reported (raise/warn) at most once.
         self._streak_diagnosed = self._streak_reported = False
@@ -87,6 +88,7 @@ class CollapseWatch:
         collapse, diagnose and act by the floor policy. A bad batch is only logged."""
         if bad_batch:
             self._log_bad_batch(index, scale, self._batch.nonfinite(loss))
+            self._warn_state(index, self._batch.nonfinite_state(loss))
             return
         if logger.isEnabledFor(logging.DEBUG):
             self._log_skip(index, scale, next_scale, loss_nonfinite)
@@ -145,6 +147,21 @@ class CollapseWatch:
                 f"an input holding inf/NaN ({what}); such steps are skipped without "
                 f"lowering the loss scale and are no overflows (updater.bad_batches counts "
                 f"them). Check the batches with numpy.isfinite before feeding them.")
+
+
+    def _warn_state(self, index: int, names: List[str]) -> None:
+        """Warns when a bad batch left some of the model's state (running statistics)
+        non-finite that was not so at the last warning."""
+        new = sorted(set(names) - self._nonfinite_state)
+        self._nonfinite_state = set(names)
+        if new:
+            logger.warning(
+                f"nnabla_mpt: the bad batch of step {index} left {', '.join(new)} holding "
+                f"inf/NaN: the forward pass updates running statistics (BatchNormalization "
+                f"in training mode) before any check can see the batch, and evaluation "
+                f"or any graph run with batch_stat=False would use them. Restore them from a "
+                f"checkpoint (load_checkpoint) or re-estimate them on clean batches, and "
+                f"check the batches with numpy.isfinite before feeding them.")
 
 
 class CollapseAttributes:

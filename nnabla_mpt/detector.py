@@ -187,6 +187,8 @@ class BatchCheck:
     def __init__(self, losses: Sequence, params: Dict[str, object]) -> None:
         self._inputs = [(loss, graph.data_inputs(loss, params)) for loss in losses
                         if loss is not None]
+        self._state = [(loss, graph.registered_state(loss, params)) for loss in losses
+                       if loss is not None]
 
     def nonfinite(self, loss) -> List[str]:
         """The inputs of the graph of ``loss`` (one of ``losses``) that hold inf/NaN, named
@@ -194,3 +196,10 @@ class BatchCheck:
         inputs = next(found for graph_loss, found in self._inputs if graph_loss is loss)
         return [f"input {v.name!r}" if v.name else f"input #{i} of shape {tuple(v.shape)}"
                 for i, v in enumerate(inputs) if not np.isfinite(v.d).all()]
+
+    def nonfinite_state(self, loss) -> List[str]:
+        """The names of the model's state in the graph of ``loss`` (running statistics,
+        :func:`nnabla_mpt.graph.registered_state`) that hold inf/NaN: a bad batch's forward
+        pass may have written them."""
+        state = next(found for graph_loss, found in self._state if graph_loss is loss)
+        return [name for name, v in state.items() if not np.isfinite(v.d).all()]

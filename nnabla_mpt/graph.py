@@ -1,6 +1,6 @@
 """What the updaters read off a loss graph: its backend, its precision, its inputs."""
 import functools
-from typing import Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 
 def backend_of(loss) -> List[str]:
@@ -104,15 +104,30 @@ def data_inputs(loss, params: Mapping) -> List:
     """The batch the graph of ``loss`` reads: the leaf Variables without ``need_grad`` that
     some function reads, except parameters: those in ``params`` (name -> Variable) and
     every one registered with nnabla, such as BatchNormalization's running statistics
-    (state, not data: a NaN batch leaves them NaN)."""
+    (state, not data: :func:`registered_state`)."""
+    skip = set(params.values()) | set(_registered().values())
+    return [v for v in graph_inputs(loss)
+            if v.parent is None and not v.need_grad and v not in skip]
+
+
+def registered_state(loss, params: Mapping) -> Dict[str, Any]:
+    """The model's state the graph of ``loss`` reads, by name: the parameters registered
+    with nnabla that need no gradient and are not in ``params`` (name -> Variable), such
+    as BatchNormalization's running statistics, which its forward pass updates in place
+    in training mode (a batch holding NaN leaves them NaN)."""
+    read = graph_inputs(loss)
+    trained = set(params.values())
+    return {name: v for name, v in _registered().items()
+            if v in read and not v.need_grad and v not in trained}
+
+
+def _registered() -> Dict[str, Any]:
+    """Every parameter registered with nnabla, by its full name."""
     import nnabla as nn
     import nnabla.parameter as registry
 
     with nn.parameter_scope("", registry.root_scope):
-        registered = nn.get_parameters(grad_only=False)
-    skip = set(params.values()) | set(registered.values())
-    return [v for v in graph_inputs(loss)
-            if v.parent is None and not v.need_grad and v not in skip]
+        return nn.get_parameters(grad_only=False)
 
 
 def loss_dtype(loss) -> str:

@@ -155,3 +155,27 @@ def test_running_statistics_are_no_input():
     assert [(r.skipped, r.bad_batch) for r in results] == [
         (False, False), (True, True), (False, False), (True, False), (False, False)]
     assert (updater.bad_batches, updater.longest_overflow_streak) == (1, 1)
+
+
+@pytest.mark.parametrize("size", ["small_bn", "small"])
+def test_running_statistics_a_bad_batch_made_non_finite_are_named_once(size, caplog):
+    import nnabla as nn
+    import nnabla.solvers as S
+    from reference_step import Model
+
+    nn.clear_parameters()
+    model = Model(size, "half", "state", {1: "nan", 3: "inf", 4: "nan"}, seed=1)
+    solver = S.Sgd(0.01)
+    solver.set_parameters(model.trained)
+    updater = DynamicLossScalingUpdater(solver, model.loss, model.feeder, scale=64.0)
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    results = [updater.update() for _ in range(6)]
+    assert [r.bad_batch for r in results] == [False, True, False, True, True, False]
+    named = [r.getMessage() for r in caplog.records if "left " in r.getMessage()]
+    if size == "small":
+        assert named == []          # no running statistics: nothing to name
+        return
+    assert len(named) == 1, named   # the later bad batches find them non-finite already
+    assert ("the bad batch of step 1 left state/bn/bn/mean, state/bn/bn/var holding inf/NaN"
+            in named[0])
+    assert not np.isfinite(model.params["bn/bn/mean"].d).all()
