@@ -3,7 +3,8 @@
 The model is linear with a mean-squared-error loss, so its gradients are known in closed
 form. The reference receives the same batches, scales the gradients by the loss scale, and
 then follows the documented order: unscale (and average if asked), clip the global norm,
-weight decay ``g += wd * w``, then the solver rule written from nnabla's documented formulas.
+weight decay ``g += wd * w``, then the solver rule written from nnabla's documented formulas
+(:class:`reference_step.NumpySolver`).
 """
 import math
 
@@ -11,48 +12,10 @@ import numpy as np
 import pytest
 
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from reference_step import SOLVERS, NumpySolver
 from support import Net, linear_mse_grads
 
 W, B = "out/affine/W", "out/affine/b"
-
-SOLVERS = {
-    "Sgd": dict(lr=0.1),
-    "Momentum": dict(lr=0.1, momentum=0.9),
-    "Nesterov": dict(lr=0.1, momentum=0.9),
-    # eps comparable to the gradients, so that Adam is not blind to a wrong unscale factor.
-    "Adam": dict(alpha=0.05, beta1=0.9, beta2=0.999, eps=1e-3),
-}
-
-
-class NumpySolver:
-    """One solver rule per kind, as nnabla documents it."""
-
-    def __init__(self, kind, **hp):
-        self.kind, self.hp, self.state = kind, hp, {}
-
-    def update(self, name, w, g):
-        hp, st = self.hp, self.state.setdefault(name, {})
-        if self.kind == "Sgd":
-            return w - hp["lr"] * g
-        if self.kind == "Momentum":
-            v = hp["momentum"] * st.get("v", 0.0) + hp["lr"] * g
-            st["v"] = v
-            return w - v
-        if self.kind == "Nesterov":
-            v_prev = st.get("v", 0.0)
-            v = hp["momentum"] * v_prev - hp["lr"] * g
-            st["v"] = v
-            return w - hp["momentum"] * v_prev + (1.0 + hp["momentum"]) * v
-        if self.kind == "Adam":
-            t = st.get("t", 0) + 1
-            m = hp["beta1"] * st.get("m", 0.0) + (1.0 - hp["beta1"]) * g
-            v = hp["beta2"] * st.get("v", 0.0) + (1.0 - hp["beta2"]) * g * g
-            st.update(t=t, m=m, v=v)
-            alpha_t = (hp["alpha"] * math.sqrt(1.0 - hp["beta2"] ** t)
-                       / (1.0 - hp["beta1"] ** t))
-            return w - alpha_t * m / (np.sqrt(v) + hp["eps"])
-        raise ValueError(self.kind)
-
 
 class ReferenceTraining:
     """The whole updater step in float64 NumPy, dynamic scale included."""
@@ -102,7 +65,7 @@ class ReferenceTraining:
         if self.wd is not None:
             grads = {k: g + self.wd * self.w[k] for k, g in grads.items()}
         for k in (W, B):
-            self.w[k] = self.solver.update(k, self.w[k], grads[k])
+            self.w[k], _ = self.solver.update(k, self.w[k], grads[k], np.abs(grads[k]))
         if not self.fixed:
             self.good += 1
             if self.good == self.N:

@@ -1,0 +1,39 @@
+"""The updaters against the reference step (tests/reference_step.py), over a sample of the
+option matrix drawn from fixed seeds; see tests/reference_cases.py for what is drawn and
+what is compared. A larger sweep: ``benchmarks/reference_sweep.py``."""
+import collections
+
+import pytest
+
+import nnabla as nn
+
+from mpi_helpers import run_mpi
+from reference_cases import UPDATER_OPTIONS, run_case, sample_case
+
+SEEDS = range(120)
+MPI_SEEDS = range(1000, 1012)
+SEEN = collections.Counter()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_updater_matches_the_reference(seed):
+    nn.clear_parameters()
+    SEEN.update(run_case(sample_case(seed), scope=f"case{seed}"))
+
+
+def test_the_sample_covers_every_option_and_outcome():
+    cases = [sample_case(seed) for seed in SEEDS]
+    for key in UPDATER_OPTIONS[:-1] + ("updater", "precision", "size", "solver"):
+        values = {repr(c.get(key)) for c in cases}
+        assert len(values) >= 2, f"the sample draws one value of {key}: {values}"
+    events = {e for c in cases for ev in c["events"] for e in ev.values()}
+    assert events == {"huge", "big", "nan", "inf"}
+    if len(SEEN) and sum(SEEN.values()) >= 10 * len(SEEDS):   # every case ran
+        assert {"updated", "skipped", "bad batch"} <= set(SEEN), SEEN
+
+
+def test_ranks_match_the_reference_with_mpi_communicator():
+    proc = run_mpi(2, "reference_matrix.py", None, *MPI_SEEDS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("rank")]
+    assert len(lines) == 2 * len(MPI_SEEDS), proc.stdout
