@@ -31,7 +31,7 @@ CHANGE_RTOL = 1e-4
 #: The step's loss: the updater sums the micro-batches' losses in float32.
 LOSS_RTOL = 1e-6
 
-EVENTS = ("huge", "big", "nan", "inf")
+EVENTS = ("far", "huge", "big", "nan", "inf")
 
 
 def sample_case(seed: int, steps: int = 10, ranks: int = 1) -> dict:
@@ -131,7 +131,7 @@ def run_case(case: dict, scope: str = "ref", mpi=None, comm=None) -> List[str]:
 
 def kind_of(attempt) -> str:
     if not attempt.skipped:
-        return "updated"
+        return "updated" if math.isfinite(attempt.loss) else "updated, loss not finite"
     return "bad batch" if attempt.bad_batch else "skipped"
 
 

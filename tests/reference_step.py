@@ -102,7 +102,9 @@ class Model:
     normalization after the first layer (running statistics: parameters without
     gradients). ``size="wide"``: 512 -> 512 -> 2, batch 2 (a 512x512 weight). Parameters
     come from ``seed``, batch ``i`` from a generator seeded with ``data_seed`` and ``i``;
-    ``events[i]`` makes it special: ``"huge"`` (x times 1e3: large gradients), ``"big"``
+    ``events[i]`` makes it special: ``"far"`` (targets times 300: a half loss overflows
+    while the gradients stay finite at small scales), ``"huge"`` (x times 1e3: large
+    gradients), ``"big"``
     (one value 1e5: above float16's range, so a half graph's loss is not finite from finite
     data), ``"nan"`` and ``"inf"`` (a non-finite value in x: a bad batch).
 
@@ -147,7 +149,9 @@ class Model:
         x = rng.randn(*self.shape_x).astype(np.float32)
         t = rng.randn(*self.shape_t).astype(np.float32)
         event = self.events.get(index)
-        if event == "huge":
+        if event == "far":
+            t *= np.float32(300.0)
+        elif event == "huge":
             x *= np.float32(1e3)
         elif event == "big":
             x[0, 0] = 1e5
