@@ -361,6 +361,14 @@ FIXED = UpdaterSignature(
     COMMON)
 
 
+def option_named(name: str) -> Option:
+    """The option ``name`` of the updaters (an option both take is defined once)."""
+    found = DYNAMIC.options.get(name) or FIXED.options.get(name)
+    if found is None:
+        raise KeyError(f"no updater option is named {name!r}")
+    return found
+
+
 # -- the arguments that depend on each other ----------------------------------------------
 
 def solver_parameters(solver: Any) -> Dict[str, "nn.Variable"]:

@@ -114,6 +114,11 @@ class LossRecorder:
         self._ring = [self._new_losses(), self._new_losses()]
         self._turn = 0
 
+    def set_accum_grad(self, accum_grad: int) -> None:
+        """Runs ``accum_grad`` forward passes a step from the next one on."""
+        self._accum_grad = accum_grad
+        self._ring = [self._new_losses(), self._new_losses()]
+
     def _new_losses(self) -> StepLosses:
         """A step's losses: an array for each micro-batch, or places for the values read
         (a loss computed in place)."""

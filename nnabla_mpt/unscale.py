@@ -27,6 +27,10 @@ class Unscaler:
         accum_divisor: ``accum_grad`` where the micro-batches are averaged, else 1.
         clip_grad_norm: The bound of the global L2 norm, or None.
         weight_decay: The weight-decay rate, or None.
+
+    ``accum_divisor``, ``clip`` (the bound) and ``weight_decay`` are kept as attributes of
+    those names; the updater's settings change them between steps
+    (:mod:`nnabla_mpt.settings`).
     """
 
     def __init__(self, solver, params: Mapping, context, accum_divisor: int,
@@ -34,9 +38,9 @@ class Unscaler:
         self._solver = solver
         self._params = params
         self._context = context
-        self._accum_divisor = accum_divisor
-        self._clip = clip_grad_norm
-        self._weight_decay = weight_decay
+        self.accum_divisor = accum_divisor
+        self.clip = clip_grad_norm
+        self.weight_decay = weight_decay
         self._squared_norm = None          # built on first use by grad_norm()
 
     def unscale(self, held: float) -> bool:
@@ -49,23 +53,23 @@ class Unscaler:
         their norm is not finite: no factor brings such gradients to the bound (the
         updater skips the step as an overflow). True otherwise.
         """
-        factor = 1.0 / (held * self._accum_divisor)
+        factor = 1.0 / (held * self.accum_divisor)
         if factor != 1.0:
             self._solver.scale_grad(factor)
-        if self._clip is None:
+        if self.clip is None:
             return True
         norm = self.grad_norm()
         if not math.isfinite(norm):
             return False
-        if norm > self._clip:
-            self._solver.scale_grad(self._clip / norm)
+        if norm > self.clip:
+            self._solver.scale_grad(self.clip / norm)
         return True
 
     def apply(self) -> None:
         """Applies weight decay to the unscaled (and clipped) gradients, then calls
         ``solver.update()``."""
-        if self._weight_decay is not None:
-            self._solver.weight_decay(self._weight_decay)
+        if self.weight_decay is not None:
+            self._solver.weight_decay(self.weight_decay)
         self._solver.update()
 
     def grad_norm(self) -> float:

@@ -32,6 +32,7 @@ from .feeder import DataFeeder
 from .gradient_stats import GradientStats
 from .measured import ScaleMeter
 from .seed import BackwardSeed
+from .settings import DynamicSettings, UpdaterSettings
 from .step_loss import LossRecorder, StepLosses
 from .unscale import Unscaler
 from .watch import RangeWatch
@@ -96,7 +97,7 @@ class StepResult:
         return math.nan if self._losses is None else self._losses.mean()
 
 
-class _LossScalingUpdater(CollapseAttributes):
+class _LossScalingUpdater(CollapseAttributes, UpdaterSettings):
     """The training step shared by every updater; see the subclasses. The attributes of
     the collapse handling (``floor_policy``, ``overflow_streak``, ``bad_batches``, ...)
     come from :class:`~nnabla_mpt.collapse.CollapseAttributes`.
@@ -115,10 +116,10 @@ class _LossScalingUpdater(CollapseAttributes):
     def __init__(self, solver, loss, make_policy: Callable[[FloatType], Any],
                  values: Mapping[str, Any]) -> None:
         self._params = options.solver_parameters(solver)
-        self.solver = solver
-        self.loss = options.trained_loss(loss, self._params)
+        self._solver = solver
+        self._loss = options.trained_loss(loss, self._params)
         self._precision = graph.precision_of(self.loss)
-        self.schedule, self.high_precision_loss = options.precision_schedule(
+        self.schedule, self._high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
         graphs = [v for v in (self.loss, self.high_precision_loss) if v is not None]
         self._passes = {id(v): (LossRecorder(v, values["accum_grad"]), BackwardSeed(v))
@@ -126,17 +127,17 @@ class _LossScalingUpdater(CollapseAttributes):
         self._dtype = graph.float_type_of(self.loss)
         self.policy = policy = make_policy(self._dtype)
         self.data_feeder = values["data_feeder"]
-        self.clear_buffer = values["clear_buffer"]
-        self.accum_grad = values["accum_grad"]
-        self.weight_decay = values["weight_decay"]
-        self.comm = abort.updater_comm(values["comm"], values["abort_on_exception"])
-        self.grads = options.exchanged_grads(values, self._params)
+        self._clear_buffer = values["clear_buffer"]
+        self._accum_grad = values["accum_grad"]
+        self._weight_decay = values["weight_decay"]
+        self._comm = abort.updater_comm(values["comm"], values["abort_on_exception"])
+        self._grads = options.exchanged_grads(values, self._params)
         self.detector = OverflowDetector(values["overflow_mode"])
         self._check_enabled = values.get("enable_overflow_check", True)
-        self.clip_grad_norm = values["clip_grad_norm"]
-        self.max_retries = values["max_retries"]
-        self.average_accum = values["average_accum"]
-        self.average_ranks = values["average_ranks"]
+        self._clip_grad_norm = values["clip_grad_norm"]
+        self._max_retries = values["max_retries"]
+        self._average_accum = values["average_accum"]
+        self._average_ranks = values["average_ranks"]
         self._monitor = values["monitor"]
         batch = BatchCheck([self.loss, self.high_precision_loss], self._params)
         self._decider, self.shared_grads = _decider(
@@ -220,11 +221,11 @@ class _LossScalingUpdater(CollapseAttributes):
         except IndexError:
             raise _already_running(self) from None
         try:
-            if self.comm is not None:
-                agreement.check_not_armed(self.comm)
+            if self._comm is not None:
+                agreement.check_not_armed(self._comm)
             result = self._step(1)
             attempts = 1
-            while result.skipped and attempts <= self.max_retries:
+            while result.skipped and attempts <= self._max_retries:
                 attempts += 1
                 result = self._step(attempts)
             return result
@@ -299,11 +300,11 @@ class _LossScalingUpdater(CollapseAttributes):
         ``watch`` if given); ``fed``: the first micro-batch is fed and forwarded already. The
         last backward carries nnabla's all-reduce callback where it reduces the gradients."""
         loss = recorder.loss
-        clear = self.clear_buffer
+        clear = self._clear_buffer
         reduce = None if self._in_backward is None else self._in_backward()
-        last = self.accum_grad - 1
+        last = self._accum_grad - 1
         self._zero_grads()
-        for i in range(self.accum_grad):
+        for i in range(self._accum_grad):
             if i or not fed:
                 feed = self._feed
                 if feed is not None:
@@ -446,7 +447,7 @@ def _already_running(updater: _LossScalingUpdater) -> RuntimeError:
 
 
 @options.DYNAMIC.describe
-class DynamicLossScalingUpdater(_LossScalingUpdater):
+class DynamicLossScalingUpdater(DynamicSettings, _LossScalingUpdater):
     """Mixed-precision training step with a dynamic loss scale.
 
     A drop-in replacement for
@@ -483,18 +484,9 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
 
     def __init__(self, solver, loss, *args, **kwargs) -> None:
         values, given = options.DYNAMIC.bind(type(self).__name__, args, kwargs)
+        self._backoff_follows = values["backoff_factor"] is None
         super().__init__(solver, loss,
                          lambda dtype: options.dynamic_policy(values, given, dtype), values)
-
-    @property
-    def scaling_factor(self) -> float:
-        """Growth factor of the scale."""
-        return self.policy.growth_factor
-
-    @property
-    def N(self) -> int:
-        """Consecutive good steps before the scale grows."""
-        return self.policy.growth_interval
 
 
 @options.FIXED.describe

@@ -355,10 +355,11 @@ class ReferenceStep:
         parameters after, and each one's magnitude (:class:`NumpySolver`)."""
         wd = self.opts.get("weight_decay") or 0.0
         after, magnitude = {}, {}
-        for k in sorted(grads):
-            w = before[k].astype(np.float64)
-            after[k], magnitude[k] = self.solver.update(
-                k, w, grads[k] + wd * w, np.abs(grads[k]) + wd * np.abs(w))
+        with np.errstate(all="ignore"):      # unchecked gradients may be inf/NaN
+            for k in sorted(grads):
+                w = before[k].astype(np.float64)
+                after[k], magnitude[k] = self.solver.update(
+                    k, w, grads[k] + wd * w, np.abs(grads[k]) + wd * np.abs(w))
         return after, magnitude
 
     def call(self, recorded, first_batch: int) -> List[Attempt]:

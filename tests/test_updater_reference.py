@@ -68,7 +68,7 @@ class ReferenceTraining:
             self.w[k], _ = self.solver.update(k, self.w[k], grads[k], np.abs(grads[k]))
         if not self.fixed:
             self.good += 1
-            if self.good == self.N:
+            if self.good >= self.N:
                 self.scale = min(self.max_scale, s * self.growth)
                 self.good = 0
         return s, False

@@ -1,0 +1,127 @@
+"""The updaters' settings a script may change between steps.
+
+nnabla's updater reads its attributes at every ``update()``, so scripts written for it
+assign them between steps (a weight-decay schedule, a new accumulation). Here each
+setting is a property: an assignment is checked as the constructor checks the option
+(:mod:`nnabla_mpt.options`) and takes effect from the next ``update()``; a setting the
+step was built around (the communicator, the gradients it reduces, the graphs) refuses
+the assignment with an ``AttributeError`` that says what to do instead. Nothing is ignored.
+
+The values live in the updater's ``_<name>`` attributes, which the step loop reads.
+"""
+from operator import attrgetter
+from typing import Any, Callable, Optional
+
+from . import options
+
+
+def live(name: str, doc: str, apply: Optional[Callable[[Any, Any], None]] = None,
+         check: Optional[Callable[[Any, Any], Any]] = None) -> property:
+    """A setting that takes effect from the next ``update()``: the assignment is checked
+    by the option's check (or ``check(updater, value)``), then ``apply(updater, value)``
+    hands it to the part of the step that uses it."""
+    option = options.option_named(name)
+
+    def assign(updater: Any, value: Any) -> None:
+        value = option.check(name, value) if check is None else check(updater, value)
+        if apply is not None:
+            apply(updater, value)
+        setattr(updater, "_" + name, value)
+
+    return property(attrgetter("_" + name), assign, doc=doc)
+
+
+def fixed(name: str, doc: str, instead: str) -> property:
+    """A setting the step was built around: reading gives it, assigning raises
+    ``AttributeError`` saying ``instead``, what to do."""
+    def assign(updater: Any, value: Any) -> None:
+        raise AttributeError(f"{type(updater).__name__}.{name} cannot be changed after "
+                             f"construction ({name} = {value!r} refused): {instead}")
+
+    return property(attrgetter("_" + name), assign, doc=doc)
+
+
+_REBUILD = "build a new updater with it (save_checkpoint, then load_checkpoint into the new one)"
+
+
+def _accum_grad(updater: Any, value: int) -> None:
+    for recorder, _ in updater._passes.values():
+        recorder.set_accum_grad(value)
+    updater._unscaler.accum_divisor = value if updater._average_accum else 1
+
+
+def _average_accum(updater: Any, value: bool) -> None:
+    updater._unscaler.accum_divisor = updater._accum_grad if value else 1
+
+
+def _max_retries(updater: Any, value: Any) -> int:
+    value = options.option_named("max_retries").check("max_retries", value)
+    if value and not updater.enable_overflow_check:
+        raise ValueError(f"max_retries={value!r} needs enable_overflow_check=True: without "
+                         f"the check no step is ever skipped")
+    return value
+
+
+class UpdaterSettings:
+    """The settings of both updaters (a mixin of the step loop's class)."""
+
+    accum_grad = live("accum_grad", "Forward/backward passes whose gradients are summed "
+                      "per update (assignable: from the next update()).", _accum_grad)
+    average_accum = live("average_accum", "Whether the accumulated gradients are divided "
+                         "by ``accum_grad`` (assignable).", _average_accum)
+    weight_decay = live("weight_decay", "Weight decay of the unscaled gradients, or None "
+                        "(assignable: a weight-decay schedule takes effect from the next "
+                        "update()).",
+                        lambda updater, value: setattr(updater._unscaler, "weight_decay", value))
+    clip_grad_norm = live("clip_grad_norm", "The bound of the unscaled gradients' global L2 "
+                          "norm, or None (assignable).",
+                          lambda updater, value: setattr(updater._unscaler, "clip", value))
+    clear_buffer = live("clear_buffer", "Whether forward and backward free intermediate "
+                        "buffers (assignable).")
+    max_retries = live("max_retries", "Retries of a skipped step within one update() "
+                       "(assignable).", check=_max_retries)
+    comm = fixed("comm", "The communicator, or None.", "the all-reduce, its buffers and the "
+                 "ranks' agreement are set up for it at construction; " + _REBUILD)
+    grads = fixed("grads", "The gradients reduced across the ranks.", "the step's all-reduce "
+                  "was set up for them at construction; " + _REBUILD)
+    average_ranks = fixed("average_ranks", "Whether the all-reduce divides by the ranks.",
+                          "it is part of the all-reduce set up at construction (and of "
+                          "the measured scale's bounds); " + _REBUILD)
+    solver = fixed("solver", "The solver.", "the step checks, unscales and updates through "
+                   "the solver it was given and its parameters; " + _REBUILD)
+    loss = fixed("loss", "The loss Variable.", "the step's passes, seeds and checks were "
+                 "built on its graph; " + _REBUILD)
+    high_precision_loss = fixed("high_precision_loss", "The full-precision loss of the "
+                                "precision schedule, or None.", "the schedule's passes were "
+                                "built on its graph; " + _REBUILD)
+
+
+def _scaling_factor(updater: Any, value: float) -> None:
+    policy = updater.policy
+    policy.growth_factor = value
+    if updater._backoff_follows:     # backoff_factor not given: 1 / scaling_factor
+        policy.backoff_factor = 1.0 / value
+
+
+def in_policy(name: str, field: str, doc: str,
+              apply: Callable[[Any, Any], None]) -> property:
+    """A setting kept by the updater's policy as ``field`` (a loaded state may change it
+    too): read from there, an assignment checked by the option's check and applied."""
+    option = options.option_named(name)
+
+    def assign(updater: Any, value: Any) -> None:
+        apply(updater, option.check(name, value))
+
+    return property(lambda updater: getattr(updater.policy, field), assign, doc=doc)
+
+
+class DynamicSettings(UpdaterSettings):
+    """The settings of the dynamic updater: nnabla's ``scaling_factor`` and ``N`` as well,
+    kept by its policy."""
+
+    scaling_factor = in_policy("scaling_factor", "growth_factor", "Growth factor of the "
+                               "scale (assignable; also the back-off where "
+                               "``backoff_factor`` was not given).", _scaling_factor)
+    N = in_policy("N", "growth_interval", "Consecutive good steps before the scale grows "
+                  "(assignable; a count already at the new N grows at the next good step).",
+                  lambda updater, value: setattr(updater.policy, "growth_interval", value))

@@ -1,0 +1,129 @@
+"""Settings a script changes between steps (nnabla's updater reads its attributes at every
+``update()``): each takes effect from the next ``update()``, checked as the constructor
+checks it, or its assignment is refused naming it; never ignored, never a late failure.
+
+The parameters are compared with the float64 reference of tests/test_updater_reference.py,
+whose setting changes at the same step.
+"""
+import numpy as np
+import pytest
+
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from reference_step import SOLVERS
+from support import Net
+from test_updater_reference import ReferenceTraining
+
+CHANGE_AT = 3
+# setting: (constructor value, new value, the reference's attribute and its new value)
+CHANGES = {
+    "weight_decay": (None, 0.5, {"wd": 0.5}),
+    "clip_grad_norm": (None, 0.05, {"clip": 0.05}),
+    "accum_grad": (1, 3, {"accum": 3}),
+    "average_accum": (False, True, {"average": True}),
+    "N": (100, 1, {"N": 1}),
+    "scaling_factor": (2.0, 4.0, {"growth": 4.0, "backoff": 0.25}),
+}
+
+
+def _run(setting, kind="Momentum", steps=7):
+    before, after, ref_change = CHANGES[setting]
+    net = Net()
+    start = net.snapshot()
+    kwargs = {"accum_grad": 2, "average_accum": True} if setting == "average_accum" else {}
+    kwargs.setdefault(setting, before)
+    kwargs.setdefault("N", 2)
+    updater = DynamicLossScalingUpdater(net.solver(kind, **SOLVERS[kind]), net.loss,
+                                        net.feeder, scale=64.0, **kwargs)
+    ref = ReferenceTraining(start, kind, scale=64.0, N=kwargs["N"],
+                            accum=kwargs.get("accum_grad", 1),
+                            average=kwargs.get("average_accum", False),
+                            wd=kwargs.get("weight_decay"), clip=kwargs.get("clip_grad_norm"))
+    batch = 0
+    for i in range(steps):
+        if i == CHANGE_AT:
+            setattr(updater, setting, after)
+            for name, value in ref_change.items():
+                setattr(ref, name, value)
+        r = updater.update()
+        scale, skipped = ref.step([net.batch(batch + j) for j in range(ref.accum)])
+        batch += ref.accum
+        assert (r.scale, r.skipped, r.next_scale) == (scale, skipped, ref.scale), (setting, i)
+        for name, v in net.params.items():
+            np.testing.assert_allclose(v.d, ref.w[name], rtol=2e-5, atol=1e-6,
+                                       err_msg=f"{setting}: {name} after step {i}")
+    assert getattr(updater, setting) == after
+    assert net.calls == batch
+    return updater, ref
+
+
+@pytest.mark.parametrize("setting", sorted(CHANGES))
+def test_a_setting_takes_effect_from_the_next_update(setting):
+    _run(setting)
+
+
+def test_the_changes_are_seen():
+    # Each change moves the trajectory: the run differs from one without the change.
+    updater, ref = _run("N")
+    assert [updater.scale, ref.scale] == [64.0 * 2 ** 4, 64.0 * 2 ** 4]
+    _, ref = _run("clip_grad_norm")
+    assert ref.clipped_steps >= 2
+
+
+def test_clear_buffer_and_max_retries_are_read_at_each_update():
+    net = Net()
+    net.huge = {1}                   # an overflow in saturation mode
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=64.0,
+                                        overflow_mode="saturation")
+    updater.clear_buffer = False
+    assert net.y.d is not None and updater.update().updated
+    updater.max_retries = 1
+    r = updater.update()             # batch 1 overflows, the retry runs batch 2
+    assert (r.attempts, r.updated, net.calls) == (2, True, 3)
+
+
+@pytest.mark.parametrize("setting, value, error", [
+    ("weight_decay", -1.0, ValueError), ("accum_grad", 0, ValueError),
+    ("clip_grad_norm", "big", TypeError), ("N", 0, ValueError),
+    ("scaling_factor", 1.0, ValueError), ("max_retries", -1, ValueError),
+    ("clear_buffer", "yes", TypeError), ("average_accum", 1, TypeError)])
+def test_a_wrong_value_is_refused_naming_the_setting(setting, value, error):
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder)
+    old = getattr(updater, setting)
+    with pytest.raises(error, match=setting):
+        setattr(updater, setting, value)
+    assert getattr(updater, setting) == old
+    assert updater.update().updated
+
+
+def test_retries_without_the_check_are_refused_as_at_construction():
+    net = Net()
+    updater = FixedLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                                      enable_overflow_check=False)
+    with pytest.raises(ValueError, match="max_retries=2 needs enable_overflow_check=True"):
+        updater.max_retries = 2
+    assert updater.max_retries == 0
+
+
+@pytest.mark.parametrize("setting", ["comm", "grads", "average_ranks", "solver", "loss",
+                                     "high_precision_loss"])
+def test_a_setting_the_step_was_built_around_refuses_assignment(setting):
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder)
+    old = getattr(updater, setting)
+    with pytest.raises(AttributeError,
+                       match=rf"DynamicLossScalingUpdater\.{setting} cannot be changed after "
+                             rf"construction .*build a new updater"):
+        setattr(updater, setting, None if old is not None else 1)
+    assert getattr(updater, setting) is old
+
+
+def test_scaling_factor_keeps_a_given_backoff():
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                                        backoff_factor=0.25)
+    updater.scaling_factor = 3.0
+    assert (updater.policy.growth_factor, updater.policy.backoff_factor) == (3.0, 0.25)
+    default = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder)
+    default.scaling_factor = 4.0
+    assert default.policy.backoff_factor == 0.25
