@@ -1,7 +1,7 @@
 """What a good step does to the gradients before the solver's update: unscale, clip,
-weight decay."""
+weight decay; and the learning rate of a schedule keyed on applied updates."""
 import math
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from ._gradsum import SquaredNorm, numpy_min_size
 
@@ -17,7 +17,7 @@ class Unscaler:
     micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
     takes the global L2 norm of the unscaled gradients, squared in float32, and scales
     them down to the bound when the norm exceeds it. :meth:`apply` applies weight decay to
-    the unscaled gradients and updates.
+    the unscaled gradients, sets the scheduled learning rate and updates.
 
     Args:
         solver: The solver.
@@ -27,11 +27,15 @@ class Unscaler:
         accum_divisor: ``accum_grad`` where the micro-batches are averaged, else 1.
         clip_grad_norm: The bound of the global L2 norm, or None.
         weight_decay: The weight-decay rate, or None.
+        lr_scheduler: An object with ``get_learning_rate(iter)`` (nnabla's
+            ``nnabla.utils.learning_rate_scheduler``), keyed on applied updates, or None.
     """
 
     def __init__(self, solver, params: Mapping, context, accum_divisor: int,
-                 clip_grad_norm: Optional[float], weight_decay: Optional[float]) -> None:
+                 clip_grad_norm: Optional[float], weight_decay: Optional[float],
+                 lr_scheduler: Any = None) -> None:
         self._solver = solver
+        self._lr_scheduler = lr_scheduler
         self._params = params
         self._context = context
         self._accum_divisor = accum_divisor
@@ -61,11 +65,14 @@ class Unscaler:
             self._solver.scale_grad(self._clip / norm)
         return True
 
-    def apply(self) -> None:
-        """Applies weight decay to the unscaled (and clipped) gradients, then calls
-        ``solver.update()``."""
+    def apply(self, updates: int) -> None:
+        """Applies weight decay to the unscaled (and clipped) gradients, sets the learning
+        rate the schedule gives for ``updates``, the updates applied before this one (a
+        skipped step does not advance the schedule), then calls ``solver.update()``."""
         if self._weight_decay is not None:
             self._solver.weight_decay(self._weight_decay)
+        if self._lr_scheduler is not None:
+            self._solver.set_learning_rate(scheduled_rate(self._lr_scheduler, updates))
         self._solver.update()
 
     def grad_norm(self) -> float:
@@ -75,3 +82,23 @@ class Unscaler:
             self._squared_norm = SquaredNorm(list(self._params.values()), self._context,
                                              numpy_min_size(self._context))
         return math.sqrt(self._squared_norm.value())
+
+
+def scheduled_rate(scheduler: Any, updates: int) -> float:
+    """``scheduler.get_learning_rate(updates)`` as a float, checked to be finite and >= 0.
+
+    Raises:
+        ValueError: the schedule gave a negative or non-finite rate (the message names
+            ``lr_scheduler``, the update and the value), or something that is no number.
+    """
+    rate = scheduler.get_learning_rate(updates)
+    try:
+        value = float(rate)
+    except (TypeError, ValueError):
+        raise ValueError(f"lr_scheduler.get_learning_rate({updates}) returned {rate!r} of type "
+                         f"{type(rate).__name__}, not a number") from None
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"lr_scheduler.get_learning_rate({updates}) returned {rate!r}: a "
+                         f"learning rate must be finite and >= 0 (raised before "
+                         f"solver.update(): the parameters are unchanged)")
+    return value

@@ -121,8 +121,8 @@ class _LossScalingUpdater(CollapseAttributes):
         self.schedule, self.high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
         graphs = [v for v in (self.loss, self.high_precision_loss) if v is not None]
-        self._passes = {id(v): (LossRecorder(v, values["accum_grad"]), BackwardSeed(v))
-                        for v in graphs}
+        self._passes = {id(v): (LossRecorder(v, values["accum_grad"], values["outputs"]),
+                                BackwardSeed(v)) for v in graphs}
         self._dtype = graph.float_type_of(self.loss)
         self.policy = policy = make_policy(self._dtype)
         self.data_feeder = values["data_feeder"]
@@ -147,7 +147,7 @@ class _LossScalingUpdater(CollapseAttributes):
                             else self.shared_grads.zero)
         self._unscaler = Unscaler(solver, self._params, graph.float_context(self.loss),
                                   self.accum_grad if self.average_accum else 1,
-                                  self.clip_grad_norm, self.weight_decay)
+                                  self.clip_grad_norm, self.weight_decay, values["lr_scheduler"])
         self._collapse = CollapseWatch(values["floor_policy"], values["diagnose_after"],
                                        self._params, self.detector, policy,
                                        self._decider.agree_on_diagnosis, batch)
@@ -265,7 +265,7 @@ class _LossScalingUpdater(CollapseAttributes):
             self.skipped_steps += 1
             self._collapse.count_skip(bad_batch)
         else:
-            self._unscaler.apply()
+            self._unscaler.apply(self.updates)
             self.updates += 1
             self._collapse.overflow_streak = 0
         if watch_loss and math.isfinite(losses.mean()):
