@@ -17,7 +17,8 @@ class Unscaler:
     micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
     takes the global L2 norm of the unscaled gradients, squared in float32, and scales
     them down to the bound when the norm exceeds it. :meth:`apply` applies weight decay to
-    the unscaled gradients, sets the scheduled learning rate and updates.
+    the unscaled gradients, sets the learning rate of ``lr_scheduler`` (fetched by
+    :meth:`unscale`, before the step has changed anything) and updates.
 
     Args:
         solver: The solver.
@@ -42,17 +43,22 @@ class Unscaler:
         self._clip = clip_grad_norm
         self._weight_decay = weight_decay
         self._squared_norm = None          # built on first use by grad_norm()
+        self._rate = None                  # the learning rate unscale() fetched
 
-    def unscale(self, held: float) -> bool:
+    def unscale(self, held: float, updates: int = 0) -> bool:
         """Unscales the gradients of a step whose seed held ``held`` (the step's scale as
         the loss's dtype holds it, :attr:`~nnabla_mpt.seed.BackwardSeed.held`: dividing
         by the scale itself would leave an error of up to 0.05% in float16) and clips
-        them.
+        them. With ``lr_scheduler``, first fetches the rate :meth:`apply` sets: the
+        schedule's at ``updates``, the updates applied so far (a skipped step does not
+        advance it); a rate it refuses raises here, before anything has changed.
 
         Returns False, the gradients unscaled but not clipped, when clipping is on and
         their norm is not finite: no factor brings such gradients to the bound (the
         updater skips the step as an overflow). True otherwise.
         """
+        if self._lr_scheduler is not None:
+            self._rate = scheduled_rate(self._lr_scheduler, updates)
         factor = 1.0 / (held * self._accum_divisor)
         if factor != 1.0:
             self._solver.scale_grad(factor)
@@ -65,14 +71,14 @@ class Unscaler:
             self._solver.scale_grad(self._clip / norm)
         return True
 
-    def apply(self, updates: int) -> None:
+    def apply(self) -> None:
         """Applies weight decay to the unscaled (and clipped) gradients, sets the learning
-        rate the schedule gives for ``updates``, the updates applied before this one (a
-        skipped step does not advance the schedule), then calls ``solver.update()``."""
+        rate :meth:`unscale` fetched (with ``lr_scheduler``), then calls
+        ``solver.update()``."""
         if self._weight_decay is not None:
             self._solver.weight_decay(self._weight_decay)
-        if self._lr_scheduler is not None:
-            self._solver.set_learning_rate(scheduled_rate(self._lr_scheduler, updates))
+        if self._rate is not None:
+            self._solver.set_learning_rate(self._rate)
         self._solver.update()
 
     def grad_norm(self) -> float:
@@ -99,6 +105,6 @@ def scheduled_rate(scheduler: Any, updates: int) -> float:
                          f"{type(rate).__name__}, not a number") from None
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"lr_scheduler.get_learning_rate({updates}) returned {rate!r}: a "
-                         f"learning rate must be finite and >= 0 (raised before "
-                         f"solver.update(): the parameters are unchanged)")
+                         f"learning rate must be finite and >= 0 (the step is not taken: "
+                         f"parameters, scale and counters are unchanged)")
     return value

@@ -252,7 +252,7 @@ class _LossScalingUpdater(CollapseAttributes):
         skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses, index)
         room = (None if watch is None or skipped    # the seed's value: what the grads carry
                 else self._meter.growth_room(watch, seed.held))
-        skipped = skipped or not self._unscaler.unscale(seed.held)  # norm not finite: overflow
+        skipped = skipped or not self._unscaler.unscale(seed.held, self.updates)  # norm not finite
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
         # A skipped step's non-finite loss or batch is no overflow: a smaller scale cannot
         # fix it, so the scale is kept; scale="auto" measures again, on the next batch.
@@ -265,7 +265,7 @@ class _LossScalingUpdater(CollapseAttributes):
             self.skipped_steps += 1
             self._collapse.count_skip(bad_batch)
         else:
-            self._unscaler.apply(self.updates)
+            self._unscaler.apply()
             self.updates += 1
             self._collapse.overflow_streak = 0
         if watch_loss and math.isfinite(losses.mean()):

@@ -121,13 +121,17 @@ class _Broken:
         return 0.1 if iter < 2 else math.nan
 
 
-def test_a_non_finite_rate_is_refused_before_the_update():
+def test_a_non_finite_rate_is_refused_before_the_step_changes_anything():
     net = Net()
     updater = FixedLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=1.0,
                                       lr_scheduler=_Broken())
     updater.update(), updater.update()
     before = net.snapshot()
     with pytest.raises(ValueError, match=r"^lr_scheduler\.get_learning_rate\(2\) returned "
-                                         r"nan: a learning rate must be finite and >= 0"):
+                                         r"nan: a learning rate must be finite and >= 0 \(the step "
+                                         r"is not taken"):
         updater.update()
     assert_bitwise_equal(net.snapshot(), before)
+    # the step was not taken: the counters agree, the state saves and loads
+    assert (updater.steps, updater.updates, updater.skipped_steps) == (2, 2, 0)
+    updater.load_state_dict(updater.state_dict())
