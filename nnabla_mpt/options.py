@@ -268,8 +268,10 @@ COMMON = (
            "same batch, random draws and batch-normalization statistics; the backward "
            "pass still runs from the loss alone. After ``update()`` their ``.d`` holds "
            "the last micro-batch's values (a ``data_feeder`` finds the previous "
-           "micro-batch's there when ``accum_grad > 1``). They are made persistent, so "
-           "that no pass frees their values. Not with ``accelerate_train_mode``.",
+           "micro-batch's there when ``accum_grad > 1``), of the last attempt in retry "
+           "mode, of this rank's batch with a communicator (they are not reduced). They "
+           "are made persistent, so that no pass frees their values. Not with "
+           "``accelerate_train_mode``.",
            _variables),
     Option("lr_scheduler", None, Any,
            "A learning-rate schedule with ``get_learning_rate(iter)`` (nnabla's "
