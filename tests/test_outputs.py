@@ -146,3 +146,40 @@ def test_outputs_with_a_precision_schedule_are_refused():
         DynamicLossScalingUpdater(half.solver(), half.loss, accelerate_train_mode="fast|step",
                                   total_steps=10, high_precision_loss=full.loss,
                                   outputs=[error])
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_outputs_change_nothing_of_a_half_run_with_skips(in_place):
+    """With a float16 graph, a dynamic scale and overflowing batches, a run with outputs
+    trains exactly as one without: the sink is only run forward, and the scale still
+    reaches the gradients. A loss computed in place (F.reshape) is read after the sink's
+    pass. The error is the step's: that of the last micro-batch on the parameters the
+    step started from."""
+    runs = []
+    for outputs in (False, True):
+        net = Net("half", scope=f"run{int(outputs)}")
+        net.large = {1, 2, 6}
+        with nn.context_scope(net.ctx):
+            loss = F.reshape(net.loss, (1,)) if in_place else net.loss
+            error = F.mean(F.abs(net.y - net.t))
+        updater = DynamicLossScalingUpdater(net.solver("Adam", alpha=1e-2), loss, net.feeder,
+                                            scale=2048.0, N=2, accum_grad=2,
+                                            outputs=[error] if outputs else None)
+        results = []
+        for _ in range(8):
+            start = net.snapshot()
+            r = updater.update()
+            results.append((r.skipped, r.scale, r.loss))
+        runs.append((results, net.snapshot(), start, error.d.copy()))
+    (results, params, _, _), (results_out, params_out, start, last_error) = runs
+    assert results_out == results and any(s for s, _, _ in results)
+    assert len({scale for _, scale, _ in results}) > 1       # backed off and grew
+    assert_bitwise_equal(params_out, params)
+    check = Net("half", scope="check")
+    for name, v in check.params.items():
+        v.d = start[name]
+    check.feed(8 * 2 - 1)
+    with nn.context_scope(check.ctx):
+        check_error = F.mean(F.abs(check.y - check.t))
+    check_error.forward()
+    assert last_error.tobytes() == check_error.d.tobytes()
