@@ -96,6 +96,32 @@ def _step_hook(name: str, monitor: Any) -> Any:
                     f"{monitor!r} of type {type(monitor).__name__}{hint}")
 
 
+def _variables(name: str, outputs: Any) -> Tuple["nn.Variable", ...]:
+    if outputs is None:
+        return ()
+    if not isinstance(outputs, (list, tuple)):
+        raise TypeError(f"{name} must be None or a list of nnabla.Variable, got "
+                        f"{type(outputs).__name__}")
+    for i, v in enumerate(outputs):
+        if not isinstance(v, nn.Variable):
+            raise TypeError(f"{name}[{i}] must be an nnabla.Variable, got {type(v).__name__}")
+        if v.parent is None:
+            raise ValueError(f"{name}[{i}] is a leaf Variable (shape {tuple(v.shape)}): no "
+                             f"function computes it, so a forward pass would not change it")
+        if any(v is w for w in outputs[:i]):
+            raise ValueError(f"{name}[{i}] is given twice (also at "
+                             f"{name}[{[w is v for w in outputs].index(True)}])")
+    return tuple(outputs)
+
+
+def _learning_rate_schedule(name: str, scheduler: Any) -> Any:
+    if scheduler is None or callable(getattr(scheduler, "get_learning_rate", None)):
+        return scheduler
+    raise TypeError(f"{name} must be None or a learning-rate schedule with a "
+                    f"get_learning_rate(iter) method (nnabla.utils.learning_rate_scheduler), "
+                    f"got {scheduler!r} of type {type(scheduler).__name__}")
+
+
 DATA_FEEDER = Option(
     "data_feeder", None, Optional[Callable[[], Any]],
     "Called with no arguments before every forward to load the next batch into the input "
@@ -236,6 +262,24 @@ COMMON = (
            "with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a "
            ":class:`LossScaleCallback`. None (default) costs one attribute test per step.",
            _step_hook),
+    Option("outputs", None, Optional[Sequence[nn.Variable]],
+           "Variables computed by the step's own forward passes together with the loss "
+           "(an error rate, an accuracy: what ``F.sink(loss, error)`` computed), on the "
+           "same batch, random draws and batch-normalization statistics; the backward "
+           "pass still runs from the loss alone. After ``update()`` their ``.d`` holds "
+           "the last micro-batch's values (a ``data_feeder`` finds the previous "
+           "micro-batch's there when ``accum_grad > 1``), of the last attempt in retry "
+           "mode, of this rank's batch with a communicator (they are not reduced). They "
+           "are made persistent, so that no pass frees their values. Not with "
+           "``accelerate_train_mode``.",
+           _variables),
+    Option("lr_scheduler", None, Any,
+           "A learning-rate schedule with ``get_learning_rate(iter)`` (nnabla's "
+           "``nnabla.utils.learning_rate_scheduler``), keyed on applied updates: before "
+           "each ``solver.update()`` the solver's learning rate is set to "
+           "``get_learning_rate(updater.updates)``, so a skipped step does not advance the "
+           "schedule; a resumed run goes on from the saved ``updates``. None (default): "
+           "the learning rate is left to the solver.", _learning_rate_schedule),
     Option("gradient_stats_every", None, Optional[int],
            "Every this many steps (``(step + 1) % K == 0``), :attr:`StepResult."
            "gradient_stats` holds each parameter's gradient statistics (zeros, subnormals, "
@@ -406,8 +450,9 @@ def computed_loss(loss: Any, name: str = "loss") -> "nn.Variable":
                          f"made by {makers}): Sink's backward sets its inputs' gradients to "
                          f"1 whatever the loss scale, so the scale would be lost while the "
                          f"updater still divides the gradients by it; pass the loss "
-                         f"variable itself (e.g. loss, not F.sink(loss, error)) and evaluate "
-                         f"the other outputs (error) with their own forward() call")
+                         f"variable itself (e.g. loss, not F.sink(loss, error)) and the other "
+                         f"inputs of the sink as outputs=[error]: the step's forward pass "
+                         f"computes them with the loss")
     return loss
 
 
@@ -577,6 +622,10 @@ def precision_schedule(values: Mapping[str, Any], loss: "nn.Variable",
     """``(schedule, high_precision_loss)`` of ``accelerate_train_mode`` and the options that
     go with it, ``(None, None)`` without it; checked against the graphs of both losses."""
     mode, high_precision_loss = values["accelerate_train_mode"], values["high_precision_loss"]
+    if mode is not None and values["outputs"]:
+        raise ValueError(f"outputs (a list of {len(values['outputs'])} Variables) cannot be "
+                         f"combined with accelerate_train_mode={mode!r}: they belong to one "
+                         f"graph, and the schedule switches to high_precision_loss's")
     if mode is None:
         for name in ("total_steps", "final_loss", "high_precision_loss"):
             if values[name] is not None:

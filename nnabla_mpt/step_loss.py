@@ -18,13 +18,18 @@ A loss computed in place (``F.reshape`` of the loss, by default) shares its inpu
 and a new array would never be written: such a loss is read right after each forward
 pass instead.
 
+With ``outputs`` (the updaters' option: an error rate, an accuracy) the forward pass runs
+from one ``F.sink`` of the loss and the outputs (:func:`forward_root`), so that the outputs
+are computed by the same pass, on the same batch, random draws and batch-normalization
+statistics as the loss; the backward pass still runs from the loss, seeded with the scale.
+
 The step's last array stays the loss Variable's array until the next ``update()``: a
 forward pass of that Variable run outside ``update()`` in between writes into it. A
 skipped step reads its losses at once (the updater's diagnosis runs forward passes).
 """
 import math
 from sys import getrefcount
-from typing import List, Union
+from typing import List, Sequence, Union
 
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
@@ -44,6 +49,29 @@ def scalar_value(array: "nn.NdArray") -> float:
 def computed_in_place(loss: "nn.Variable") -> bool:
     """Whether the function computing ``loss`` writes it into its input's array."""
     return loss.parent.inplace_data(0) != 0
+
+
+def forward_root(loss: "nn.Variable", outputs: Sequence["nn.Variable"]) -> "nn.Variable":
+    """The Variable whose forward pass computes ``loss`` and ``outputs`` in one pass:
+    ``F.sink(loss, *outputs)``, built in the loss's context; ``loss`` itself without
+    outputs. The sink is only ever run forward (its backward would set the loss's gradient
+    to 1, whatever the scale). The outputs are made persistent, so that neither pass frees
+    their values (an output the loss is computed from, such as the prediction, would be
+    freed by the backward pass with ``clear_buffer=True``).
+
+    Raises:
+        ValueError: one of ``outputs`` is ``loss`` itself.
+    """
+    if not outputs:
+        return loss
+    import nnabla.functions as F
+    for i, output in enumerate(outputs):
+        if output is loss:
+            raise ValueError(f"outputs[{i}] is the loss itself, which every step computes "
+                             f"anyway (StepResult.loss); pass the other outputs only")
+        output.persistent = True
+    with nn.context_scope(loss.parent.context):
+        return F.sink(loss, *outputs)
 
 
 class StepLosses:
@@ -104,10 +132,13 @@ class LossRecorder:
     Args:
         loss: The loss Variable.
         accum_grad: Forward passes a step runs.
+        outputs: Variables computed by the same forward passes (:func:`forward_root`).
     """
 
-    def __init__(self, loss: "nn.Variable", accum_grad: int) -> None:
+    def __init__(self, loss: "nn.Variable", accum_grad: int,
+                 outputs: Sequence["nn.Variable"] = ()) -> None:
         self.loss = loss
+        self._root = forward_root(loss, outputs)
         self._in_place = computed_in_place(loss)
         self._accum_grad = accum_grad
         # two steps' worth: the last result holds its step's losses while the next runs
@@ -139,11 +170,11 @@ class LossRecorder:
 
     def forward(self, losses: StepLosses, micro_batch: int, clear_no_need_grad: bool) -> None:
         """Runs the loss's forward pass into the array of ``micro_batch`` in ``losses`` (as
-        :meth:`start` gave them); a loss computed in place is read after the pass instead."""
-        loss = self.loss
+        :meth:`start` gave them); a loss computed in place is read after the pass instead.
+        The outputs, if any, are computed by the same pass."""
         if self._in_place:
-            loss.forward(clear_no_need_grad=clear_no_need_grad)
-            losses.values[micro_batch] = scalar_value(loss.data)
+            self._root.forward(clear_no_need_grad=clear_no_need_grad)
+            losses.values[micro_batch] = scalar_value(self.loss.data)
             return
-        loss.data = losses.values[micro_batch]
-        loss.forward(clear_no_need_grad=clear_no_need_grad)
+        self.loss.data = losses.values[micro_batch]
+        self._root.forward(clear_no_need_grad=clear_no_need_grad)

@@ -1,7 +1,7 @@
 """What a good step does to the gradients before the solver's update: unscale, clip,
-weight decay."""
+weight decay; and the learning rate of a schedule keyed on applied updates."""
 import math
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from ._gradsum import SquaredNorm, numpy_min_size
 
@@ -17,7 +17,8 @@ class Unscaler:
     micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
     takes the global L2 norm of the unscaled gradients, squared in float32, and scales
     them down to the bound when the norm exceeds it. :meth:`apply` applies weight decay to
-    the unscaled gradients and updates.
+    the unscaled gradients, sets the learning rate of ``lr_scheduler`` (fetched by
+    :meth:`unscale`, before the step has changed anything) and updates.
 
     Args:
         solver: The solver.
@@ -27,6 +28,8 @@ class Unscaler:
         accum_divisor: ``accum_grad`` where the micro-batches are averaged, else 1.
         clip_grad_norm: The bound of the global L2 norm, or None.
         weight_decay: The weight-decay rate, or None.
+        lr_scheduler: An object with ``get_learning_rate(iter)`` (nnabla's
+            ``nnabla.utils.learning_rate_scheduler``), keyed on applied updates, or None.
 
     ``accum_divisor``, ``clip`` (the bound) and ``weight_decay`` are kept as attributes of
     those names; the updater's settings change them between steps
@@ -34,25 +37,32 @@ class Unscaler:
     """
 
     def __init__(self, solver, params: Mapping, context, accum_divisor: int,
-                 clip_grad_norm: Optional[float], weight_decay: Optional[float]) -> None:
+                 clip_grad_norm: Optional[float], weight_decay: Optional[float],
+                 lr_scheduler: Any = None) -> None:
         self._solver = solver
+        self._lr_scheduler = lr_scheduler
         self._params = params
         self._context = context
         self.accum_divisor = accum_divisor
         self.clip = clip_grad_norm
         self.weight_decay = weight_decay
         self._squared_norm = None          # built on first use by grad_norm()
+        self._rate = None                  # the learning rate unscale() fetched
 
-    def unscale(self, held: float) -> bool:
+    def unscale(self, held: float, updates: int = 0) -> bool:
         """Unscales the gradients of a step whose seed held ``held`` (the step's scale as
         the loss's dtype holds it, :attr:`~nnabla_mpt.seed.BackwardSeed.held`: dividing
         by the scale itself would leave an error of up to 0.05% in float16) and clips
-        them.
+        them. With ``lr_scheduler``, first fetches the rate :meth:`apply` sets: the
+        schedule's at ``updates``, the updates applied so far (a skipped step does not
+        advance it); a rate it refuses raises here, before anything has changed.
 
         Returns False, the gradients unscaled but not clipped, when clipping is on and
         their norm is not finite: no factor brings such gradients to the bound (the
         updater skips the step as an overflow). True otherwise.
         """
+        if self._lr_scheduler is not None:
+            self._rate = scheduled_rate(self._lr_scheduler, updates)
         factor = 1.0 / (held * self.accum_divisor)
         if factor != 1.0:
             self._solver.scale_grad(factor)
@@ -66,10 +76,13 @@ class Unscaler:
         return True
 
     def apply(self) -> None:
-        """Applies weight decay to the unscaled (and clipped) gradients, then calls
+        """Applies weight decay to the unscaled (and clipped) gradients, sets the learning
+        rate :meth:`unscale` fetched (with ``lr_scheduler``), then calls
         ``solver.update()``."""
         if self.weight_decay is not None:
             self._solver.weight_decay(self.weight_decay)
+        if self._rate is not None:
+            self._solver.set_learning_rate(self._rate)
         self._solver.update()
 
     def grad_norm(self) -> float:
@@ -79,3 +92,23 @@ class Unscaler:
             self._squared_norm = SquaredNorm(list(self._params.values()), self._context,
                                              numpy_min_size(self._context))
         return math.sqrt(self._squared_norm.value())
+
+
+def scheduled_rate(scheduler: Any, updates: int) -> float:
+    """``scheduler.get_learning_rate(updates)`` as a float, checked to be finite and >= 0.
+
+    Raises:
+        ValueError: the schedule gave a negative or non-finite rate (the message names
+            ``lr_scheduler``, the update and the value), or something that is no number.
+    """
+    rate = scheduler.get_learning_rate(updates)
+    try:
+        value = float(rate)
+    except (TypeError, ValueError):
+        raise ValueError(f"lr_scheduler.get_learning_rate({updates}) returned {rate!r} of type "
+                         f"{type(rate).__name__}, not a number") from None
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"lr_scheduler.get_learning_rate({updates}) returned {rate!r}: a "
+                         f"learning rate must be finite and >= 0 (the step is not taken: "
+                         f"parameters, scale and counters are unchanged)")
+    return value

@@ -122,8 +122,8 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings):
         self.schedule, self._high_precision_loss = options.precision_schedule(
             values, self.loss, self._params)
         graphs = [v for v in (self.loss, self.high_precision_loss) if v is not None]
-        self._passes = {id(v): (LossRecorder(v, values["accum_grad"]), BackwardSeed(v))
-                        for v in graphs}
+        self._passes = {id(v): (LossRecorder(v, values["accum_grad"], values["outputs"]),
+                                BackwardSeed(v)) for v in graphs}
         self._dtype = graph.float_type_of(self.loss)
         self.policy = policy = make_policy(self._dtype)
         self.data_feeder = values["data_feeder"]
@@ -148,7 +148,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings):
                             else self.shared_grads.zero)
         self._unscaler = Unscaler(solver, self._params, graph.float_context(self.loss),
                                   self.accum_grad if self.average_accum else 1,
-                                  self.clip_grad_norm, self.weight_decay)
+                                  self.clip_grad_norm, self.weight_decay, values["lr_scheduler"])
         self._collapse = CollapseWatch(values["floor_policy"], values["diagnose_after"],
                                        self._params, self.detector, policy,
                                        self._decider.agree_on_diagnosis, batch)
@@ -253,7 +253,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings):
         skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses, index)
         room = (None if watch is None or skipped    # the seed's value: what the grads carry
                 else self._meter.growth_room(watch, seed.held))
-        skipped = skipped or not self._unscaler.unscale(seed.held)  # norm not finite: overflow
+        skipped = skipped or not self._unscaler.unscale(seed.held, self.updates)  # norm not finite
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
         # A skipped step's non-finite loss or batch is no overflow: a smaller scale cannot
         # fix it, so the scale is kept; scale="auto" measures again, on the next batch.

@@ -1,0 +1,137 @@
+"""``lr_scheduler=``: nnabla's learning-rate schedules keyed on applied updates, so that a
+skipped step does not advance them; retried steps and resumed runs go on from
+``updater.updates``."""
+import math
+
+import numpy as np
+import pytest
+
+from nnabla.utils.learning_rate_scheduler import CosineScheduler, LinearWarmupScheduler
+
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from support import Net, assert_bitwise_equal, assert_states_bitwise_equal, solver_states
+
+SCALE = 2048.0
+LARGE = {1, 2, 5, 9}        # these batches overflow the float16 gradients at SCALE
+
+
+def schedule():
+    return LinearWarmupScheduler(CosineScheduler(0.1, 20), 3)
+
+
+def as_float32(x: float) -> float:
+    return float(np.float32(x))
+
+
+def half_net(scope: str) -> Net:
+    net = Net("half", scope=scope)
+    net.large = set(LARGE)
+    return net
+
+
+def hand_loop(net: Net, solver, steps: int):
+    """The step written out, the schedule keyed on the updates applied so far."""
+    updates, rates = 0, []
+    for _ in range(steps):
+        solver.zero_grad()
+        net.feeder()
+        net.loss.forward(clear_no_need_grad=True)
+        net.loss.backward(SCALE, clear_buffer=True)
+        if solver.check_inf_or_nan_grad():
+            continue
+        solver.scale_grad(1.0 / SCALE)
+        solver.set_learning_rate(schedule().get_learning_rate(updates))
+        solver.update()
+        rates.append(solver.learning_rate())
+        updates += 1
+    return rates
+
+
+@pytest.mark.parametrize("max_retries", [0, 2])
+def test_skipped_steps_do_not_advance_the_schedule(max_retries):
+    net, ref = half_net("net"), half_net("ref")
+    solver, ref_solver = net.solver("Momentum", lr=1.0, momentum=0.9), ref.solver(
+        "Momentum", lr=1.0, momentum=0.9)
+    updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=SCALE,
+                                      max_retries=max_retries, lr_scheduler=schedule())
+    rates, skipped = [], 0
+    while net.calls < 14:
+        before = net.snapshot()
+        result = updater.update()
+        skipped += result.attempts - 1 + result.skipped
+        if result.skipped:
+            assert_bitwise_equal(net.snapshot(), before)
+        else:
+            rates.append(solver.learning_rate())
+    assert skipped == len(LARGE) and updater.updates == 14 - len(LARGE)
+    # the rates the solver used: the schedule at 0, 1, 2, ... applied updates
+    assert rates == [as_float32(schedule().get_learning_rate(k)) for k in range(len(rates))]
+    # keyed on the loop counter it would have been shifted by the skips
+    assert rates != [as_float32(schedule().get_learning_rate(k))
+                     for k in range(net.calls) if k not in LARGE]
+    assert hand_loop(ref, ref_solver, 14) == rates
+    assert_bitwise_equal(net.snapshot(), ref.snapshot())
+    assert_states_bitwise_equal(solver_states(solver), solver_states(ref_solver))
+
+
+def test_a_resumed_run_continues_the_schedule(tmp_path):
+    def make(scope):
+        net = half_net(scope)
+        solver = net.solver("Momentum", lr=1.0, momentum=0.9)
+        updater = None
+
+        def feeder():                   # batches by step: a resumed run sees the same
+            net.feed(updater.steps)
+
+        updater = DynamicLossScalingUpdater(solver, net.loss, feeder, scale=SCALE, N=1000,
+                                            lr_scheduler=schedule())
+        return net, solver, updater
+
+    def run(updater, solver, steps):
+        rates = []
+        for _ in range(steps):
+            if not updater.update().skipped:
+                rates.append(solver.learning_rate())
+        return rates
+
+    net, solver, updater = make("whole")
+    whole = run(updater, solver, 12)
+    first_net, first_solver, first = make("first")
+    before = run(first, first_solver, 6)
+    first.save_checkpoint(str(tmp_path / "ckpt.nnmpt"))
+    second_net, second_solver, second = make("second")
+    second.load_checkpoint(str(tmp_path / "ckpt.nnmpt"))
+    after = run(second, second_solver, 6)
+    assert before + after == whole
+    assert whole == [as_float32(schedule().get_learning_rate(k)) for k in range(len(whole))]
+    assert second.updates == updater.updates == len(whole) and updater.skipped_steps > 0
+    assert_bitwise_equal(second_net.snapshot(), net.snapshot())
+
+
+def test_a_schedule_is_checked():
+    net = Net()
+    with pytest.raises(TypeError, match=r"^lr_scheduler must be None or a learning-rate "
+                                        r"schedule with a get_learning_rate\(iter\) method "
+                                        r".*got 0\.1 of type float$"):
+        FixedLossScalingUpdater(net.solver(), net.loss, lr_scheduler=0.1)
+
+
+class _Broken:
+    def get_learning_rate(self, iter):
+        return 0.1 if iter < 2 else math.nan
+
+
+def test_a_non_finite_rate_is_refused_before_the_step_changes_anything():
+    net = Net()
+    updater = FixedLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=1.0,
+                                      lr_scheduler=_Broken())
+    updater.update(), updater.update()
+    before = net.snapshot()
+    with pytest.raises(ValueError, match=r"^lr_scheduler\.get_learning_rate\(2\) returned "
+                                         r"nan: a learning rate must be finite and >= 0 \(the step "
+                                         r"is not taken"):
+        updater.update()
+    assert_bitwise_equal(net.snapshot(), before)
+    # the step was not taken: the counters agree, the state saves and loads
+    assert (updater.steps, updater.updates, updater.skipped_steps) == (2, 2, 0)
+    updater.load_state_dict(updater.state_dict())
