@@ -323,14 +323,20 @@ class ReferenceStep:
         return result, scaled and not (result.skipped and (bad_any > 0 or loss_bad_any > 0))
 
     def _overflow(self, own, summed) -> bool:
+        """inf/NaN in the summed gradients; in saturation mode also ``|g| >= 65504`` in
+        them or in any rank's own gradients (each rank checks its own before the sum)."""
         if self.opts.get("enable_overflow_check", True) is False:
             return False
-        values = list(summed.values())
-        if self.opts.get("overflow_mode") == "saturation":
-            values += list(own.values())
-            return any(not np.isfinite(g).all() or np.abs(g).max() >= FLOAT16_MAX
-                       for g in values if g.size)
-        return any(not np.isfinite(g).all() for g in values)
+        saturation = self.opts.get("overflow_mode") == "saturation"
+
+        def over(grads) -> bool:
+            return any(not np.isfinite(g).all()
+                       or (saturation and np.abs(g).max() >= FLOAT16_MAX)
+                       for g in grads.values() if g.size)
+
+        if over(summed):
+            return True
+        return saturation and self._sum([float(over(own))])[0] > 0
 
     def _unscaled(self, summed, scale: float, dtype):
         """Unscaled, averaged and clipped gradients; None when the clip's norm is not
