@@ -40,12 +40,14 @@ def sample_case(seed: int, steps: int = 10, ranks: int = 1) -> dict:
     pick = lambda *values: values[rng.randint(len(values))]   # noqa: E731
     fixed = rng.rand() < 0.2
     case = {"seed": seed, "steps": steps, "updater": "fixed" if fixed else "dynamic",
-            "precision": pick("half", "half", "float"), "size": pick(*["small"] * 4, "small_bn", "small_bn", "wide"),
+            "precision": pick("half", "half", "float"),
+            "size": pick("small", "small", "small", "small", "small_bn", "small_bn", "wide"),
             "solver": pick(*sorted(SOLVERS)), "accum_grad": pick(1, 1, 2, 3),
             "average_accum": pick(False, True), "weight_decay": pick(None, 1e-2),
             "clip_grad_norm": pick(None, None, 0.05, 1e3),
             "overflow_mode": pick("inf_nan", "inf_nan", "saturation"),
-            "max_retries": 0 if fixed else pick(0, 0, 2), "gradient_stats_every": pick(None, None, 1, 3),
+            "max_retries": 0 if fixed else pick(0, 0, 2),
+            "gradient_stats_every": pick(None, None, 1, 3),
             "clear_buffer": pick(True, False), "floor_policy": pick("warn", "ignore"),
             "diagnose_after": pick(1, 2, 8)}
     if ranks > 1:
