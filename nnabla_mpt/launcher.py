@@ -46,8 +46,8 @@ def warn_training_alone() -> None:
         return
     _warned = True
     variable, size, launcher = launched
-    logger.warning(f"nnabla_mpt: this process is one of {size} started by {launcher} "
-                   f"({variable}={size}), but the updater has no communicator (comm=None): "
+    logger.warning(f"nnabla_mpt: {variable}={size}: this process is one of {size} started "
+                   f"by {launcher}, but the updater has no communicator (comm=None): "
                    f"every rank trains alone on its own batches and the ranks' parameters "
                    f"drift apart. Pass comm=MPICommunicator() (or nnabla's communicator) "
                    f"to train them together")
@@ -63,7 +63,9 @@ def set_current_communicator(comm: Any) -> Any:
         comm: An :class:`~nnabla_mpt.MPICommunicator`, or None.
 
     Returns:
-        The communicator ``current_communicator()`` returned before.
+        ``comm``, so that the line that made nnabla's communicator,
+        ``comm = create_communicator()``, becomes
+        ``comm = set_current_communicator(MPICommunicator())``.
 
     Raises:
         TypeError: ``comm`` is neither an MPICommunicator nor None.
@@ -74,14 +76,13 @@ def set_current_communicator(comm: Any) -> Any:
             from nnabla.utils.communicator_util import current_communicator
             from nnabla_mpt import MPICommunicator, set_current_communicator
 
-            set_current_communicator(MPICommunicator())
-            comm = current_communicator()   # the MPICommunicator, under any launcher
+            comm = set_current_communicator(MPICommunicator())
+            assert current_communicator() is comm   # under any launcher
     """
     from .communicator import MPICommunicator
     if comm is not None and not isinstance(comm, MPICommunicator):
         raise TypeError(f"comm must be an MPICommunicator or None, got "
                         f"{type(comm).__name__}: {comm!r}")
     from nnabla.utils import communicator_util
-    previous = communicator_util.current_communicator()
     communicator_util._current_communicator = comm  # nnabla offers no setter
-    return previous
+    return comm

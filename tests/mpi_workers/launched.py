@@ -65,10 +65,10 @@ def nnabla_current():
     from nnabla_mpt import MPICommunicator, set_current_communicator
     comm = MPICommunicator()
     before = communicator_util.current_communicator()
-    previous = set_current_communicator(comm)
+    returned = set_current_communicator(comm)
     current = communicator_util.current_communicator()
     r, n = current.rank, current.size
-    meta = {"before_is_none": before is None, "previous_is_none": previous is None,
+    meta = {"before_is_none": before is None, "returned_is_comm": returned is comm,
             "current_is_comm": current is comm, "rank": r, "size": n,
             "local_rank": current.local_rank, "name": current.name,
             "single_or_rankzero": communicator_util.single_or_rankzero()}
@@ -90,7 +90,7 @@ def nnabla_current():
         meta["mismatch"] = None
     except ValueError as e:
         meta["mismatch"] = str(e)
-    meta["cleared_was_comm"] = set_current_communicator(None) is comm
+    meta["cleared_returns_none"] = set_current_communicator(None) is None
     meta["after_clear_is_none"] = communicator_util.current_communicator() is None
     meta["gathered16_dtypes"] = [str(a.dtype) for a in gathered16]
     arrays = {"cost": cost.data.copy(), "gathered": np.stack([a.data for a in gathered]),
