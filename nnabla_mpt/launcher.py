@@ -18,6 +18,7 @@ from nnabla.logger import logger
 LAUNCH_VARIABLES = (
     ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"),
     ("PMI_SIZE", "a PMI launcher (MPICH's or Intel MPI's mpiexec, srun --mpi=pmi2)"),
+    ("MV2_COMM_WORLD_SIZE", "MVAPICH2's mpirun_rsh"),
     ("SLURM_STEP_NUM_TASKS", "Slurm's srun (also with --mpi=pmix, which sets PMIX_RANK)"),
 )
 

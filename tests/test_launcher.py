@@ -55,6 +55,7 @@ def test_a_process_no_launcher_started_is_not_warned(tmp_path):
     ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1"},
      ("OMPI_COMM_WORLD_SIZE", 4, "Open MPI")),
     ({"PMI_SIZE": "3", "PMI_RANK": "0"}, ("PMI_SIZE", 3, "MPICH")),
+    ({"MV2_COMM_WORLD_SIZE": "2"}, ("MV2_COMM_WORLD_SIZE", 2, "MVAPICH2")),
     ({"PMIX_RANK": "2", "SLURM_STEP_NUM_TASKS": "8"}, ("SLURM_STEP_NUM_TASKS", 8, "srun")),
     ({"PMI_SIZE": "1"}, ("PMI_SIZE", 1, "MPICH")),
     ({"SLURM_NTASKS": "4"}, None),   # an allocation of 4 tasks, not a process of 4
