@@ -8,7 +8,8 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["nnabla_mpt", "nnabla_mpt.*"]),
     python_requires=">=3.8,<3.11",
-    install_requires=["nnabla==1.39.0", "numpy"],
+    # The nnabla versions the suite runs on (tox.ini: the oldest and the newest).
+    install_requires=["nnabla>=1.36.0,<2", "numpy"],
     extras_require={
         "mpi": ["mpi4py>=3.1", "mpich"],
         "demo": ["scikit-learn", "matplotlib", "tqdm"],

@@ -24,6 +24,7 @@ _LAZY = {
     "LossScaleCollapseError": "report",
     "MPICommunicator": "communicator",
     "SharedGradients": "shared_grads",
+    "set_current_communicator": "launcher",
     "LossScaleCallback": "monitoring",
     "LossScaleMonitor": "monitoring",
     "LossScaleStats": "monitoring",

@@ -10,7 +10,8 @@ shared memory or through MPI collectives), ``broadcast`` (bcast and
 broadcast_parameters), ``shared_grads`` (share_grads and the free-space check),
 ``collective_timeout`` (no collective waits forever),
 ``reduce_callback`` (all_reduce_callback: the reduction armed for the next solver
-operation) and ``abort`` (the exception hook and ``MPI_Abort``).
+operation), ``nnabla_api`` (``init``, ``all_gather`` and the methods of nnabla's API it
+refuses) and ``abort`` (the exception hook and ``MPI_Abort``).
 """
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
@@ -23,6 +24,7 @@ from ._collective_args import check_group, check_src, ndarray_list
 from ._hostarray import dtype_of
 from ._validate import boolean
 from .abort import abort_job, install_excepthook
+from .nnabla_api import NnablaCommunicatorAPI
 from .reduce_callback import AllReduceCallback, DeferredAllReduce
 from .collective_timeout import DEFAULT_TIMEOUT, CollectiveTimeout, checked_timeout, timed
 from .shared_grads import ShareGrads, SharedGradients
@@ -75,13 +77,15 @@ def _resolved_algorithm(algorithm: str, local_size: int, size: int) -> str:
     return algorithm
 
 
-class MPICommunicator(AllReduceCallback, ShareGrads):
+class MPICommunicator(AllReduceCallback, ShareGrads, NnablaCommunicatorAPI):
     """Data-parallel communicator for CPU training over MPI.
 
     It offers the part of nnabla's :class:`nnabla.communicators.Communicator` API that
     training code uses, with the same names (:attr:`rank`, :attr:`size`, :meth:`all_reduce`,
-    :meth:`all_reduce_callback`, :meth:`bcast`, ...), plus :meth:`broadcast_parameters` to
-    start every rank from rank 0's parameters. It can be passed as ``comm`` to the
+    :meth:`all_reduce_callback`, :meth:`bcast`, :meth:`all_gather`, ...), plus
+    :meth:`broadcast_parameters` to start every rank from rank 0's parameters; the rest
+    of nnabla's API (``reduce``, groups, ...) raises ``NotImplementedError`` naming what
+    to use instead (:mod:`nnabla_mpt.nnabla_api`). It can be passed as ``comm`` to the
     loss-scaling updaters.
 
     :meth:`all_reduce` reduces all the arrays of a call together, as one buffer, with a

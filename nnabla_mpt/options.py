@@ -17,7 +17,7 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from . import _validate as check
-from . import graph
+from . import graph, launcher
 from .detector import OverflowMode
 from .dtypes import FloatType
 from .feeder import checked_feeder
@@ -587,10 +587,14 @@ def exchanged_grads(values: Mapping[str, Any],
     """``grads`` with ``comm``: None stands for all of the solver's gradients; given with
     a communicator, they must be the gradients of every one of the solver's parameters
     (a parameter left out would train on this rank's gradients alone, and the ranks'
-    parameters would drift apart). Without a communicator a non-empty ``grads`` is
+    parameters would drift apart). Without a communicator, in a process a launcher
+    started as one of several, a warning says that every rank trains alone
+    (:func:`~nnabla_mpt.launcher.warn_training_alone`); a non-empty ``grads`` is
     accepted (as nnabla's updater accepts it) with a warning that it is ignored, and
     ``[]`` silently."""
     grads, comm = values["grads"], values["comm"]
+    if comm is None:
+        launcher.warn_training_alone()
     if grads is not None and len(grads) == 0:
         if comm is None:
             return None     # nnabla's default, spelled out: nothing to exchange

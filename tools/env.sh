@@ -52,6 +52,7 @@ MSG
     exit 1
 fi
 
+_nnabla_version=1.39.0  # the newest nnabla setup.py accepts: the one CI tests
 VENV="${NNABLA_MPT_VENV:-$_root/.venv}"
 VENV_PY="$VENV/bin/python"
 _stamp="$VENV/.nnabla_mpt-installed"
@@ -65,7 +66,8 @@ fi
 if [ ! -f "$_stamp" ] || [ "$(cat "$_stamp")" != "$_want" ]; then
     echo "[env] installing nnabla_mpt and its dependencies into $VENV" >&2
     "$VENV_PY" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$VENV_PY" -m pip install --quiet --disable-pip-version-check -e "$_root[mpi,demo,test,docs]"
+    "$VENV_PY" -m pip install --quiet --disable-pip-version-check -e "$_root[mpi,demo,test,docs]" \
+        "nnabla==$_nnabla_version"
     echo "$_want" > "$_stamp"
 fi
 export VENV_PY
