@@ -2,6 +2,7 @@
 measured growth, the gradient statistics, and their state across a checkpoint."""
 import logging
 import math
+import re
 
 import numpy as np
 import pytest
@@ -92,7 +93,12 @@ def test_auto_starts_at_the_measured_scale_and_steps_like_a_fixed_scale(accum_gr
     assert net.calls == accum_grad                      # the calibration reused the batch
     assert (updater.steps, updater.updates, updater.skipped_steps) == (1, 1, 0)
     [line] = [m for m in messages(info_log) if "scale='auto'" in m]
-    assert f"starts at {start:g}" in line and "at scale 1 " in line
+    # One pass: the scale, what was measured, the margin, the bounds.
+    assert re.fullmatch(
+        rf"nnabla_mpt: scale='auto' starts at {start:g}\. Measured on this step's batch: "
+        rf"the largest gradient is [0-9.]+ at scale 1\. {start:g} is the largest power of "
+        rf"two that keeps the gradients 8 times below their dtype's largest value, within "
+        rf"the bounds \[1, 32768\] of the scale", line), line
 
     # Exactly what a fixed-scale step at that scale does on the same batches.
     ref_solver = ref.solver("Adam", alpha=1e-2)
