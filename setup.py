@@ -1,3 +1,19 @@
+import sys
+
+# nnabla publishes wheels for CPython 3.8-3.10 only; without this check pip would go on to
+# look for an nnabla wheel and end with "No matching distribution found for nnabla==...".
+if not (3, 8) <= sys.version_info[:2] <= (3, 10):
+    sys.exit(
+        f"error: nnabla_mpt cannot be installed into Python "
+        f"{sys.version_info.major}.{sys.version_info.minor} ({sys.executable}).\n"
+        f"It needs nnabla, which publishes wheels for CPython 3.8, 3.9 and 3.10 only.\n"
+        f"Install one of them (for example `pyenv install 3.10` or "
+        f"`apt-get install python3.10 python3.10-venv`), then install from the checkout "
+        f"with it:\n"
+        f"  python3.10 -m venv .venv && .venv/bin/python -m pip install .\n"
+        f"or run `./run.sh demo` / `./run.sh test`, which find a Python 3.10 and build .venv."
+    )
+
 from setuptools import find_packages, setup
 
 setup(

@@ -14,7 +14,7 @@ backward pass, as nnabla-examples do) and ``made_once`` (one ``all_reduce_callba
 to every backward pass, which keeps nnabla's function hook). The table shows the median
 step time of each route and the medians over rounds of the per-round ratios to explicit. A step: zero_grad, forward, backward, (all-reduce), weight decay,
 Momentum update. Models: a wide MLP (784-1024-1024-10, 1.86 M parameters in 6 arrays) and
-a deep narrow one (100 layers of 16, 300 functions a pass: the cost of nnabla's
+a deep narrow one (100 layers of 16, 203 functions a pass: the cost of nnabla's
 process-wide function hook that the callback route installs).
 """
 import argparse

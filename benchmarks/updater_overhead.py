@@ -5,10 +5,14 @@ Contenders, each on its own copy of the same model with the same initial paramet
 the same batch:
 
 * ``hand``   zero_grad, forward, backward(scale), scale_grad(1/scale), update; no check.
+* ``check``  the same hand-written loop with the overflow check users write themselves:
+  ``solver.check_inf_or_nan_grad()`` after the backward pass, the update only when it
+  finds nothing (the check nnabla's updater and ours make).
 * ``ours``   nnabla_mpt.DynamicLossScalingUpdater(...).update()
 * ``nnabla`` nnabla.experimental.mixed_precision_training.DynamicLossScalingUpdater
 
-They run interleaved in one process: hand, ours, nnabla, then nnabla, ours, hand, ... (the
+They run interleaved in one process: hand, check, ours, nnabla, then nnabla, ours, check,
+hand, ... (the
 order reverses every round, so that no contender always runs after the same one). Each turn
 times a block of steps; after the warm-up rounds the table reports the median step time of
 each contender and the median over rounds of the per-round ratios.
@@ -140,6 +144,22 @@ def _hand(spec, seed):
     return hand, params
 
 
+def _checked(spec, seed):
+    loss, params = build("check", spec, seed)
+    solver = make_solver(params)
+
+    def check():
+        solver.zero_grad()
+        feed()
+        loss.forward(clear_no_need_grad=True)
+        loss.backward(SCALE, clear_buffer=True)
+        if solver.check_inf_or_nan_grad():
+            return                                  # skip the step
+        solver.scale_grad(1.0 / SCALE)
+        solver.update()
+    return check, params
+
+
 def _updater(cls, scope, **options):
     if cls is not NnablaUpdater:
         options.update(OURS_OPTIONS)
@@ -155,7 +175,8 @@ def contender_makers(with_clip=False, control=False):
     """(name, builder) of each contender, in the order they run. The control runs where
     ours runs in the reversed order (second from the end), so that the two take the same
     places over two rounds."""
-    found = [("hand", _hand), ("ours", _updater(DynamicLossScalingUpdater, "ours"))]
+    found = [("hand", _hand), ("check", _checked),
+             ("ours", _updater(DynamicLossScalingUpdater, "ours"))]
     if BeforeUpdater is not None:
         found.append(("before", _updater(BeforeUpdater, "before")))
     found.append(("nnabla", _updater(NnablaUpdater, "nnabla")))
@@ -231,6 +252,7 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_bui
         for name, seconds in part.items():
             times.setdefault(name, []).extend(seconds)
     ratio_hand = statistics.median(o / h for o, h in zip(times["ours"], times["hand"]))
+    ratio_check = statistics.median(o / c for o, c in zip(times["ours"], times["check"]))
     ratio_nnabla = statistics.median(o / c for o, c in zip(times["ours"], times["nnabla"]))
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio_clip = (statistics.median(c / o for c, o in zip(times["ours+clip"], times["ours"]))
@@ -245,8 +267,8 @@ def measure(spec, rounds, warmup, block_ms, seed=0, with_clip=False, reverse_bui
     if "before+clip" in times:      # ours+clip / before+clip, beside clip/ours
         ratio_clip = (ratio_clip, statistics.median(
             c / b for c, b in zip(times["ours+clip"], times["before+clip"])))
-    return (n_params, n_arrays, n, med, ratio_hand, ratio_nnabla, ratio_clip, ratio_before,
-            ratio_again)
+    return (n_params, n_arrays, n, med, (ratio_hand, ratio_check), ratio_nnabla, ratio_clip,
+            ratio_before, ratio_again)
 
 
 def _arguments(argv):
@@ -300,7 +322,8 @@ def _print_header(args):
           f"{os.cpu_count()} CPUs ({cpu_model()}), OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS')}")
     header = (f"{'model':<12} {'params':>9} {'arrays':>6} {'steps/blk':>9} {'hand ms':>8} "
-              f"{'ours ms':>8} {'nnabla ms':>9} {'ours/hand':>9} {'ours/nnabla':>11}"
+              f"{'check ms':>8} {'ours ms':>8} {'nnabla ms':>9} {'ours/hand':>9} "
+              f"{'ours/check':>10} {'ours/nnabla':>11}"
               + (f" {'clip ms':>8} {'clip/ours':>9}" if args.with_clip else "")
               + (f" {'clip/bclip':>10}" if args.with_clip and args.before else "")
               + (f" {'before ms':>9} {'ours/before':>11} {'before/nnabla':>13}"
@@ -334,7 +357,8 @@ def main(argv=None):
             MODELS[name], args.rounds, args.warmup, args.block_ms, with_clip=args.with_clip,
             reverse_build=args.reverse_build, control=args.control, layouts=args.layouts)
         print(f"{name:<12} {n_params:>9,} {n_arrays:>6} {n:>9} {med['hand'] * 1e3:>8.3f} "
-              f"{med['ours'] * 1e3:>8.3f} {med['nnabla'] * 1e3:>9.3f} {rh:>9.3f} {rn:>11.3f}"
+              f"{med['check'] * 1e3:>8.3f} {med['ours'] * 1e3:>8.3f} "
+              f"{med['nnabla'] * 1e3:>9.3f} {rh[0]:>9.3f} {rh[1]:>10.3f} {rn:>11.3f}"
               + (_clip_columns(med, rc) if args.with_clip else "")
               + (f" {med['before'] * 1e3:>9.3f} {rb[0]:>11.3f} {rb[1]:>13.3f}"
                  if rb else "")

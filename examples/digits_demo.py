@@ -36,10 +36,11 @@ The loss here is the *sum* of the per-example cross-entropies over the batch
 (the learning rate is divided by the batch size, so the updates equal those of
 the mean loss). That makes the gradients ``batch size`` times larger, so it is
 the network's own gradients that decide how large the scale can be, as in
-larger models. It also makes each per-example loss's gradient the scale itself,
-so measured growth, which keeps every gradient of the pass 8 times below 65504,
-stops at 4096 (2**15 / 8). With ``--reduction mean`` the gradients stay far below
-the fp16 limit and what bounds the scale is fp16 itself, at 2**15.
+larger models. (Each per-example loss's gradient is then the scale itself, a
+gradient the scale bounds, which measured growth lets reach the scale's ceiling
+2**15: the default run's scale reaches 32768 at step 509.) With ``--reduction mean``
+the gradients stay far below the fp16 limit and what bounds the scale is fp16
+itself, at 2**15.
 
 Every ``--stats-every`` steps the updater also reports statistics of the fp16
 gradients as the backward pass produced them (scaled): the fraction of values
@@ -50,7 +51,10 @@ of the gradient values are exactly zero in float too (ReLUs that are off, pixels
 blank in the whole batch); the subnormal fraction is the one that shows small
 gradients being lost.
 
-At the end the program prints
+While it trains it shows a progress bar per run on a terminal (log lines are
+written through it) and, when its output goes to a file or a pipe, a progress line
+on stdout at the end of the first epoch, then at most every 10 s at an epoch's end
+(``--no-progress`` shows neither). At the end the program prints
 
 * the test accuracy of the fp16 run next to the float run,
 * the loss-scale trajectory (initial, and how it was chosen, min, max, final and
@@ -85,6 +89,7 @@ from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
 from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater
+from nnabla_mpt.dtypes import FLOATS
 from nnabla_mpt.gradient_stats import overall
 
 
@@ -225,12 +230,58 @@ def record_step(history, result, growth_due, loss):
     if result.gradient_stats:
         history["gradient_stats"].append({
             "step": result.step, "skipped": bool(result.skipped),
+            "precision": result.precision,
             "overall": dataclasses.asdict(overall(result.gradient_stats)),
             "parameters": {name: dataclasses.asdict(s)
                            for name, s in result.gradient_stats.items()}})
 
 
-def train_fp16(graph, solver, stream, steps, scaling, loss_divisor=1, progress=True,
+class ProgressLines:
+    """Progress as lines, for output that is no terminal (a file, a pipe), where a bar
+    would show nothing until the end: a line at the end of the first epoch, then at the end
+    of each epoch that ends at least ``every`` seconds after the last line, and at the last
+    step; flushed at once."""
+
+    def __init__(self, name, steps, steps_per_epoch, every=10.0):
+        self.name, self.steps, self.every = name, steps, every
+        self.steps_per_epoch = steps_per_epoch
+        self.started = self.last = time.perf_counter()
+        self.lines = 0
+
+    def step(self, done, text):
+        """After ``done`` steps (``text``: what the line adds, e.g. the loss)."""
+        now = time.perf_counter()
+        epoch_end = done % self.steps_per_epoch == 0
+        due = epoch_end and (self.lines == 0 or now - self.last >= self.every)
+        if due or done == self.steps:
+            print("{}: step {}/{} (epoch {:.1f}), {}, {:.0f} s".format(
+                self.name, done, self.steps, done / self.steps_per_epoch, text,
+                now - self.started), flush=True)
+            self.last, self.lines = now, self.lines + 1
+
+
+def progress_of(progress, name, steps, stream):
+    """``(bar, lines)``: the tqdm bar over the steps for ``progress="bar"`` (disabled
+    otherwise) and the :class:`ProgressLines` for ``progress="lines"`` (or None)."""
+    from tqdm import tqdm
+
+    bar = tqdm(range(steps), desc=name, disable=progress != "bar", dynamic_ncols=True)
+    per_epoch = max(1, len(stream.x) // stream.batch_size)
+    return bar, ProgressLines(name, steps, per_epoch) if progress == "lines" else None
+
+
+def bar_logging(progress):
+    """A context in which log lines are written through the progress bar (above it, the
+    bar redrawn below) when there is a bar, so that they do not break it."""
+    import contextlib
+    if progress != "bar":
+        return contextlib.nullcontext()
+    import logging
+    from tqdm.contrib.logging import logging_redirect_tqdm
+    return logging_redirect_tqdm(loggers=[logging.getLogger()])   # nnabla logs through the root
+
+
+def train_fp16(graph, solver, stream, steps, scaling, loss_divisor=1, progress="bar",
                schedule=None, monitor_dir=None, monitor_interval=50):
     """Trains with :class:`DynamicLossScalingUpdater`; returns the per-step history.
 
@@ -250,9 +301,10 @@ def train_fp16(graph, solver, stream, steps, scaling, loss_divisor=1, progress=T
     with ``mode`` (``accelerate_train_mode``), ``graph`` (the same network built under
     the float context, sharing the parameters) and ``final_loss`` (the target of a
     ``loss`` trigger, or None).
-    """
-    from tqdm import tqdm
 
+    ``progress``: ``"bar"`` (a tqdm bar, log lines written through it), ``"lines"``
+    (:class:`ProgressLines` on stdout) or None.
+    """
     def feed():
         x, t = stream.next()
         graph["x"].d, graph["t"].d = x, t
@@ -264,34 +316,40 @@ def train_fp16(graph, solver, stream, steps, scaling, loss_divisor=1, progress=T
     updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, **scaling, **options)
     history = {"loss": [], "scale": [], "next_scale": [], "skipped": [], "precision": [],
                "growth_due": [], "gradient_stats": []}
-    bar = tqdm(range(steps), desc="fp16 ", disable=not progress, dynamic_ncols=True)
-    for _ in bar:
-        growth_due = updater.policy.growth_due
-        result = updater.update()
-        ran = graph if result.precision == "half" else schedule["graph"]
-        record_step(history, result, growth_due, float(ran["loss"].d) / loss_divisor)
-        if loss_series is not None:
-            loss_series.add(result.step, history["loss"][-1])
-        bar.set_postfix(loss="{:.3f}".format(history["loss"][-1]),
-                        scale=format_scale(result.next_scale),
-                        skipped=updater.skipped_steps, refresh=False)
+    bar, lines = progress_of(progress, "fp16 ", steps, stream)
+    with bar_logging(progress):
+        for _ in bar:
+            growth_due = updater.policy.growth_due
+            result = updater.update()
+            ran = graph if result.precision == "half" else schedule["graph"]
+            record_step(history, result, growth_due, float(ran["loss"].d) / loss_divisor)
+            if loss_series is not None:
+                loss_series.add(result.step, history["loss"][-1])
+            scale = (format_scale(result.next_scale) if updater.precision == "half"
+                     else "none (float32)")
+            bar.set_postfix(loss="{:.3f}".format(history["loss"][-1]), scale=scale,
+                            skipped=updater.skipped_steps, refresh=False)
+            if lines is not None:
+                lines.step(result.step + 1, "loss {:.3f}, scale {}, skipped {}".format(
+                    history["loss"][-1], scale, updater.skipped_steps))
     if hook is not None:
         hook.flush()        # summarise the last, unfinished window too
     return history
 
 
-def train_float(graph, solver, stream, steps, loss_divisor=1, progress=True):
+def train_float(graph, solver, stream, steps, loss_divisor=1, progress="bar"):
     """The reference: a plain float training loop, no loss scaling."""
-    from tqdm import tqdm
-
     history = {"loss": []}
-    for _ in tqdm(range(steps), desc="float", disable=not progress, dynamic_ncols=True):
+    bar, lines = progress_of(progress, "float", steps, stream)
+    for done, _ in enumerate(bar, 1):
         graph["x"].d, graph["t"].d = stream.next()
         solver.zero_grad()
         graph["loss"].forward(clear_no_need_grad=True)
         graph["loss"].backward(clear_buffer=True)
         solver.update()
         history["loss"].append(float(graph["loss"].d) / loss_divisor)
+        if lines is not None:
+            lines.step(done, "loss {:.3f}".format(history["loss"][-1]))
     return history
 
 
@@ -311,13 +369,31 @@ def accuracy(ctx, scope, x, y, hidden, seed):
 
 # ------------------------------------------------------------------------ summary
 
+def switch_step(history):
+    """The first step a precision schedule ran in float32, or None."""
+    precision = history.get("precision", [])
+    return precision.index("float") if "float" in precision else None
+
+
 def scale_trajectory(history):
-    """Initial, min, max, final scale and the (step, new scale) points where it changed."""
-    changes = [[i, new] for i, (old, new) in
-               enumerate(zip(history["scale"], history["next_scale"])) if new != old]
-    values = [history["scale"][0]] + history["next_scale"]
-    return {"initial": values[0], "min": min(values), "max": max(values),
-            "final": values[-1], "changes": changes}
+    """Initial, min, max, final scale and the (step, new scale) points where it changed.
+
+    After a precision schedule's switch to float32 (``unused_from``, the first float32
+    step) no loss scale is used: the trajectory ends with the last fp16 step, ``final`` is
+    None and ``last_used`` the scale that step ran with (the updater reports a scale of 1
+    from the switch on, which is no scale at all)."""
+    switch = switch_step(history)
+    end = len(history["scale"]) if switch is None else switch
+    scale, following = history["scale"][:end], list(history["next_scale"][:end])
+    if switch is not None and end:
+        following[-1] = scale[-1]           # the 1 reported at the switch is no change
+    changes = [[i, new] for i, (old, new) in enumerate(zip(scale, following)) if new != old]
+    values = scale[:1] + following
+    trajectory = {"initial": values[0], "min": min(values), "max": max(values),
+                  "final": values[-1] if switch is None else None, "changes": changes}
+    if switch is not None:
+        trajectory.update(last_used=scale[-1] if end else None, unused_from=switch)
+    return trajectory
 
 
 def skipped_summary(history):
@@ -354,8 +430,10 @@ def json_number(value):
 def gradient_summary(history, every):
     """The gradient statistics over the run, for summary.json.
 
-    ``series`` has, per record, the statistics over all gradients; ``last`` is the last
-    record with each parameter's own. A headroom of None is an all-zero gradient set
+    ``series`` has, per record, the statistics over all gradients and the precision the
+    step ran in (``"float"`` after a precision schedule's switch: float32 gradients, whose
+    headroom counts up to float32's largest value); ``last`` is the last record with each
+    parameter's own, ``last_fp16`` the last of an fp16 step. A headroom of None is an all-zero gradient set
     (infinite headroom) or, on a skipped step, one holding inf/NaN (``nonfinite_fraction``
     > 0 tells which).
     """
@@ -365,14 +443,19 @@ def gradient_summary(history, every):
     def numbers(stats):
         return {k: json_number(stats[k]) for k in keys}
 
-    series = [dict(step=r["step"], skipped=r["skipped"], **numbers(r["overall"]))
-              for r in history["gradient_stats"]]
-    last = None
-    if history["gradient_stats"]:
-        record = history["gradient_stats"][-1]
-        last = dict(series[-1], parameters={name: numbers(s) for name, s
-                                            in record["parameters"].items()})
-    return {"every": every, "records": len(series), "series": series, "last": last}
+    def entry(record):
+        return dict(step=record["step"], skipped=record["skipped"],
+                    precision=record.get("precision", "half"), **numbers(record["overall"]))
+
+    def with_parameters(record):
+        return dict(entry(record), parameters={name: numbers(s) for name, s
+                                               in record["parameters"].items()})
+
+    records = history["gradient_stats"]
+    half = [r for r in records if r.get("precision", "half") == "half"]
+    return {"every": every, "records": len(records), "series": [entry(r) for r in records],
+            "last": with_parameters(records[-1]) if records else None,
+            "last_fp16": with_parameters(half[-1]) if half else None}
 
 
 def smooth(values, window):
@@ -386,8 +469,9 @@ def smooth(values, window):
     return out
 
 
-def plot_loss(ax, steps, fp16, ref, skipped):
-    """Panel 1: the training loss of both runs, raw and smoothed, skipped steps marked."""
+def plot_loss(ax, steps, fp16, ref, skipped, switch=None):
+    """Panel 1: the training loss of both runs, raw and smoothed, skipped steps marked,
+    and a precision schedule's switch to float32."""
     window = max(1, len(steps) // 50)
     ax.plot(steps, fp16["loss"], color="tab:blue", alpha=0.25, lw=0.8)
     ax.plot(steps, ref["loss"], color="tab:orange", alpha=0.25, lw=0.8)
@@ -396,16 +480,33 @@ def plot_loss(ax, steps, fp16, ref, skipped):
     ax.plot(steps, smooth(ref["loss"], window), color="tab:orange", label="float")
     ax.scatter(steps[skipped], np.asarray(fp16["loss"])[skipped], marker="x",
                color="tab:red", zorder=3, label="skipped step (fp16)")
+    mark_switch(ax, switch, label=True)
     ax.set_yscale("log")
     ax.set_ylabel("training loss per example")
     ax.legend(loc="upper right")
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot_scale(ax, steps, fp16, skipped):
-    """Panel 2: the loss scale (log2 y), overflows and growth points that held marked."""
-    scale = np.asarray(fp16["scale"])
+def mark_switch(ax, switch, label=False):
+    """A precision schedule's switch to float32: a vertical line at its first float32
+    step (labelled in the legend when ``label``)."""
+    if switch is not None:
+        ax.axvline(switch, color="black", ls="-.", lw=1.2,
+                   label="switch to float32 (step {})".format(switch) if label else None)
+
+
+def plot_scale(ax, steps, fp16, skipped, switch):
+    """Panel 2: the loss scale (log2 y), overflows and growth points that held marked, and
+    the two ceilings: the largest float16 number and the largest scale a float16 loss can
+    seed. After a precision schedule's switch no scale is used: the line ends there."""
+    scale = np.asarray(fp16["scale"], dtype=np.float64)
     held = np.array(growth_summary(fp16)["held_at"], dtype=np.int64)
+    if switch is not None:
+        scale = scale.copy()
+        scale[switch:] = np.nan            # float32 steps: no loss scale (reported as 1)
+        ax.axvspan(switch, steps[-1] + 1, color="gray", alpha=0.12, lw=0)
+        ax.text(switch + 0.01 * len(steps), 0.5, "float32:\nno loss scale used",
+                fontsize="small", va="center", transform=ax.get_xaxis_transform())
     ax.step(steps, scale, where="post", color="tab:green", label="loss scale used")
     ax.scatter(steps[skipped], scale[skipped], marker="x", color="tab:red", zorder=3,
                label="overflow: step skipped")
@@ -413,23 +514,29 @@ def plot_scale(ax, steps, fp16, skipped):
         ax.scatter(held, scale[held], marker="o", facecolors="none", color="tab:gray",
                    zorder=3, label="growth due, scale held")
     ax.axhline(FP16_MAX, color="gray", ls="--", lw=0.8, label="largest fp16 number (65504)")
+    ax.axhline(FLOATS["float16"].max_power_of_two, color="tab:olive", ls=":", lw=1.2,
+               label="largest scale an fp16 loss can seed (2**15 = 32768)")
+    mark_switch(ax, switch, label=True)
     ax.set_yscale("log", base=2)
     ax.set_ylabel("loss scale")
     ax.legend(loc="best", fontsize="small")
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot_gradients(ax, fp16):
+def plot_gradients(ax, fp16, switch):
     """Panel 3: zero and subnormal fractions of all gradients (left, %, symlog) and the
     smallest headroom over the parameters (right, powers of two), at each statistics
     step. An infinite headroom (all gradients zero, or inf/NaN on a skipped step) is left
-    out."""
+    out. After a precision schedule's switch the gradients are float32: their fractions
+    are drawn apart (hollow), their headroom (to float32's largest value) is not drawn."""
     from matplotlib.ticker import MaxNLocator
 
-    records = fp16["gradient_stats"]
-    ax.set_ylabel("fp16 gradient values (%)")
+    records = [r for r in fp16["gradient_stats"] if r.get("precision", "half") == "half"]
+    after = [r for r in fp16["gradient_stats"] if r.get("precision", "half") == "float"]
+    ax.set_ylabel("fp16 gradient values (%)" if not after else "gradient values (%)")
     ax.grid(True, which="both", alpha=0.3)
-    if not records:
+    mark_switch(ax, switch)
+    if not records and not after:
         ax.text(0.5, 0.5, "no gradient statistics (fewer steps than --stats-every)",
                 ha="center", va="center", transform=ax.transAxes)
         return
@@ -438,13 +545,26 @@ def plot_gradients(ax, fp16):
     subnormal = [100 * r["overall"]["subnormal_fraction"] for r in records]
     room = np.array([r["overall"]["headroom"] for r in records], dtype=np.float64)
     room[~np.isfinite(room)] = np.nan
-    lines = ax.plot(at, zero, "o-", color="tab:purple", ms=3, label="zero (%)")
-    lines += ax.plot(at, subnormal, "s-", color="tab:brown", ms=3, label="subnormal (%)")
+    fp16_label = ", fp16" if after else ""
+    lines = ax.plot(at, zero, "o-", color="tab:purple", ms=3, label="zero (%)" + fp16_label)
+    lines += ax.plot(at, subnormal, "s-", color="tab:brown", ms=3,
+                     label="subnormal (%)" + fp16_label)
+    if after:
+        at_after = [r["step"] for r in after]
+        lines += ax.plot(at_after, [100 * r["overall"]["zero_fraction"] for r in after],
+                         "o:", ms=4, color="tab:purple", mfc="none",
+                         label="zero (%), float32 after the switch")
+        lines += ax.plot(at_after, [100 * r["overall"]["subnormal_fraction"] for r in after],
+                         "s:", ms=4, color="tab:brown", mfc="none",
+                         label="subnormal (%), float32 after the switch")
+        ax.text(0.99, 0.04, "float32 headroom (to float32's largest value) not drawn: "
+                "last {:g}".format(after[-1]["overall"]["headroom"]),
+                transform=ax.transAxes, ha="right", fontsize="small")
     ax.set_yscale("symlog", linthresh=0.01)
     ax.set_ylim(0, 100)
     twin = ax.twinx()
     lines += twin.plot(at, room, "^--", color="tab:cyan", ms=4,
-                       label="headroom: smallest over the parameters")
+                       label="headroom: smallest over the parameters" + fp16_label)
     twin.set_ylabel("headroom (powers of 2)")
     twin.yaxis.set_major_locator(MaxNLocator(integer=True))
     if np.isfinite(room).any():
@@ -462,12 +582,13 @@ def plot(path, fp16, ref, title):
 
     steps = np.arange(len(fp16["loss"]))
     skipped = np.array(fp16["skipped"], dtype=bool)
+    switch = switch_step(fp16)
     fig, (ax_loss, ax_scale, ax_grad) = plt.subplots(
         3, 1, figsize=(9, 9.5), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]})
-    plot_loss(ax_loss, steps, fp16, ref, skipped)
+    plot_loss(ax_loss, steps, fp16, ref, skipped, switch)
     ax_loss.set_title(title)
-    plot_scale(ax_scale, steps, fp16, skipped)
-    plot_gradients(ax_grad, fp16)
+    plot_scale(ax_scale, steps, fp16, skipped, switch)
+    plot_gradients(ax_grad, fp16, switch)
     ax_grad.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -500,11 +621,24 @@ def describe_start(requested, initial):
 
 
 def describe_gradients(gs):
-    """The last gradient statistics, or why there are none."""
+    """The last gradient statistics of the fp16 steps, and of the float32 ones after a
+    precision schedule's switch (apart: their headroom is to float32's largest value), or
+    why there are none."""
     if gs["last"] is None:
         return "gradient statistics: none (every {} steps, the run is shorter)".format(
             gs["every"])
-    last = gs["last"]
+    text = []
+    if gs.get("last_fp16") is not None:
+        text.append(describe_record(gs["last_fp16"], gs["every"], "fp16 gradient"))
+    if gs["last"].get("precision", "half") == "float":
+        text.append(describe_record(gs["last"], gs["every"],
+                                    "after the switch, float32 gradient") +
+                    ", counted to float32's largest value as no loss scale is used")
+    return "; ".join(text)
+
+
+def describe_record(last, every, what):
+    """One record of gradient statistics, for the report."""
     if last["headroom"] is None:
         room = ("-inf: a gradient holds inf/NaN" if last["nonfinite_fraction"]
                 else "inf: every gradient is zero")
@@ -516,9 +650,9 @@ def describe_gradients(gs):
             last["headroom"], "power" if last["headroom"] == 1 else "powers",
             lowest[0] if len(lowest) == 1 else
             "{} of the {} parameters".format(len(lowest), len(params)))
-    return ("gradient statistics (every {} steps), last at step {}{}: {:.2f}% zero, "
+    return ("{} statistics (every {} steps), last at step {}{}: {:.2f}% zero, "
             "{:.2f}% subnormal, headroom {}".format(
-                gs["every"], last["step"], " (skipped)" if last["skipped"] else "",
+                what, every, last["step"], " (skipped)" if last["skipped"] else "",
                 100 * last["zero_fraction"], 100 * last["subnormal_fraction"], room))
 
 
@@ -531,10 +665,16 @@ def wrap(text, width=88):
 def report_scaling(summary):
     """The report's lines on the loss scale: start, trajectory, growth, skips, gradients."""
     sc, sk, gr = summary["loss_scale"], summary["skipped_steps"], summary["growth"]
+    if sc["final"] is not None:
+        end = "final {}".format(format_scale(sc["final"]))
+    else:
+        end = ("last used {} by step {}; from step {} on, after the precision schedule's "
+               "switch to float32, no loss scale is used".format(
+                   format_scale(sc["last_used"]), sc["unused_from"] - 1, sc["unused_from"]))
     return [
-        wrap("loss scale: initial {} ({}); min {}, max {}, final {}".format(
+        wrap("loss scale: initial {} ({}); min {}, max {}, {}".format(
             format_scale(sc["initial"]), describe_start(sc["requested"], sc["initial"]),
-            *(format_scale(sc[k]) for k in ("min", "max", "final")))),
+            *(format_scale(sc[k]) for k in ("min", "max")), end)),
         "  changes (step:new scale):",
         format_changes(sc["changes"]),
         wrap("growth ({}, due after {} good steps in a row): {} growth points, {} grew, "
@@ -646,13 +786,18 @@ def build_parser():
     p.add_argument("--monitor-interval", type=int, default=50,
                    help="steps between the nnabla.monitor records written to OUT/monitor")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bars (they are shown only when stderr is a terminal)")
+                   help="no progress output: neither the bars (shown when stderr is a "
+                        "terminal) nor the progress lines (printed otherwise, one at an "
+                        "epoch's end at most every 10 s)")
     return p
 
 
 def show_progress(args):
-    """Progress bars on a terminal only: redirected to a file they are noise."""
-    return not args.no_progress and sys.stderr.isatty()
+    """``"bar"`` on a terminal; ``"lines"`` when stderr is not one (redirected, a bar is
+    noise and shows nothing until the end); None with ``--no-progress``."""
+    if args.no_progress:
+        return None
+    return "bar" if sys.stderr.isatty() else "lines"
 
 
 def parse_args(argv=None):

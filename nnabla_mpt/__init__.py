@@ -5,8 +5,8 @@ without nnabla; the updaters run one training step each and share one overflow d
 Names that need nnabla (or mpi4py) are imported on first use, so ``import nnabla_mpt``
 neither loads nnabla nor starts MPI.
 """
-import importlib
-from typing import Any
+import importlib as _importlib
+from typing import Any as _Any
 
 from .dtypes import FP16_MAX
 from .policy import DynamicLossScale, FixedLossScale
@@ -30,17 +30,26 @@ _LAZY = {
     "LossScaleStats": "monitoring",
 }
 
+# The submodules the API reference documents (docs/api.rst): in ``dir()``, and loaded on
+# first use like the names of _LAZY.
+_SUBMODULES = ("gradient_stats", "measured", "monitoring", "policy", "precision", "seed")
+
 __all__ = ["DynamicLossScale", "FixedLossScale", "FP16_MAX"] + list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
+    if name in _SUBMODULES:
+        return _importlib.import_module(f".{name}", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nnabla_mpt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
+    """The public API: ``__all__``, the documented submodules and the module's dunders
+    (not the names its code imports, nor the modules it loads)."""
+    dunders = {name for name in globals() if name.startswith("__")}
+    return sorted(dunders | set(__all__) | set(_SUBMODULES))

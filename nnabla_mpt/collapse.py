@@ -66,6 +66,7 @@ class CollapseWatch:
         self.longest_overflow_streak = 0
         self.bad_batches = 0
         self._nonfinite_state: Set[str] = set()   # as the last bad batch found it
+        self._nonfinite_losses = 0   # steps of the streak whose loss itself is non-finite
         self.last_report: Optional[OverflowReport] = None
         # A streak is diagnosed once by its length, and reported (raise/warn) at most once.
         self._streak_diagnosed = self._streak_reported = False
@@ -92,12 +93,18 @@ class CollapseWatch:
             return
         if logger.isEnabledFor(logging.DEBUG):
             self._log_skip(index, scale, next_scale, loss_nonfinite)
+        if self.overflow_streak == 1:
+            self._nonfinite_losses = 0
+        self._nonfinite_losses += bool(loss_nonfinite)
         if self.floor_policy == "ignore" or self._streak_reported:
             return
+        loss_at_fault = self._nonfinite_losses == self.overflow_streak
         if at_floor:
             reason = f"overflow at the minimum loss scale {scale:g}"
         elif self.overflow_streak >= self.diagnose_after and not self._streak_diagnosed:
-            reason = f"{self.overflow_streak} consecutive overflowing steps"
+            reason = (f"{self.overflow_streak} consecutive steps whose loss itself is "
+                      f"non-finite" if loss_at_fault else
+                      f"{self.overflow_streak} consecutive overflowing steps")
         else:
             return
         self._streak_diagnosed = True
@@ -119,9 +126,21 @@ class CollapseWatch:
             return
         self._streak_reported = True
         if self.floor_policy == "raise":
-            raise LossScaleCollapseError(report, reason)
-        logger.warning(f"nnabla_mpt: loss scale collapse ({reason}); training goes on "
-                       f"skipping these steps (floor_policy='warn').\n{report}")
+            raise LossScaleCollapseError(report, reason, loss_at_fault=loss_at_fault and
+                                         not at_floor)
+        logger.warning(self._headline(reason, scale, loss_at_fault and not at_floor)
+                       + f"; training goes on skipping these steps (floor_policy='warn')."
+                       f"\n{report}")
+
+    @staticmethod
+    def _headline(reason: str, scale: float, loss_at_fault: bool) -> str:
+        """The first words of a reported streak: a collapse of the scale, or a loss that
+        is non-finite whatever the scale (the scale is kept: no smaller one can help)."""
+        if not loss_at_fault:
+            return f"nnabla_mpt: loss scale collapse ({reason})"
+        return (f"nnabla_mpt: the loss is non-finite ({reason}): the forward pass produced "
+                f"inf/NaN before any loss scaling, so a smaller scale cannot help and the "
+                f"scale stays at {scale:g}")
 
     def _log_skip(self, index: int, scale: float, next_scale: float,
                   loss_nonfinite: bool) -> None:

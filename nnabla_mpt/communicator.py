@@ -45,6 +45,20 @@ def _reduction_dtype(dtypes: Sequence[np.dtype]) -> np.dtype:
     return np.dtype(np.result_type(np.float32, *unique))
 
 
+def import_mpi() -> Any:
+    """``mpi4py.MPI``, imported here so that importing nnabla_mpt never starts MPI; without
+    mpi4py, an error that says how to install it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"MPICommunicator needs mpi4py, which cannot be imported ({exc}). From the "
+            f"nnabla_mpt checkout, install it with  pip install \".[mpi]\"  or on its own "
+            f"with  pip install mpi4py mpich  (the mpich package brings an MPI library "
+            f"with it, so nothing else needs installing)", name="mpi4py") from exc
+    return MPI
+
+
 def _checked_comm(MPI: Any, comm: Any) -> Any:
     """``comm``, or ``MPI.COMM_WORLD`` for None, once it is known to be a usable one."""
     if comm is None:
@@ -140,8 +154,7 @@ class MPICommunicator(AllReduceCallback, ShareGrads, NnablaCommunicatorAPI):
     def __init__(self, comm: Any = None, *, abort_on_exception: bool = True,
                  algorithm: Algorithm = "auto",
                  timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
-        from mpi4py import MPI  # imported here so that importing nnabla_mpt never starts MPI
-
+        MPI = import_mpi()
         abort_on_exception = boolean("abort_on_exception", abort_on_exception)
         timeout = checked_timeout(timeout)
         if algorithm not in _ALGORITHMS:

@@ -206,10 +206,12 @@ class ScaleMeter:
         self._policy.set_loss_scale(scale)
         self.calibration_pending = False
         ranks = f", the smallest start over {len(starts)} ranks" if len(starts) > 1 else ""
-        logger.info(f"nnabla_mpt: scale='auto' starts at {scale:g}{ranks}: at scale {probe:g} "
-                    f"the largest gradient is {largest:.4g}, and {scale:g} keeps every "
-                    f"gradient the scale does not bound {MARGIN:g} times below its "
-                    f"dtype's largest value (bounds [{lower:g}, {upper:g}])")
+        logger.info(f"nnabla_mpt: scale='auto' starts at {scale:g}{ranks}. Measured on this "
+                    f"step's batch: the largest gradient is {largest:.4g} at scale "
+                    f"{probe:g}. {scale:g} is the largest power of two within the bounds "
+                    f"[{lower:g}, {upper:g}] of the scale that keeps the gradients "
+                    f"{MARGIN:g} times below their dtype's largest value (the lower bound "
+                    f"when none does)")
         return scale
 
     def _probe(self, probe: float, upper: float,

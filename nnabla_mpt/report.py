@@ -304,13 +304,18 @@ class LossScaleCollapseError(FloatingPointError):
     Args:
         report: The diagnosis explaining the collapse.
         reason: What triggered the diagnosis (e.g. "8 consecutive overflowing steps").
+        loss_at_fault: Whether every step of the streak had a non-finite loss: the
+            message then starts with "non-finite loss", as no smaller scale can help.
     """
 
-    def __init__(self, report: OverflowReport, reason: Optional[str] = None) -> None:
+    def __init__(self, report: OverflowReport, reason: Optional[str] = None,
+                 loss_at_fault: bool = False) -> None:
         self.report = report
         self.reason = reason
-        head = f"loss scale collapse ({reason}): " if reason else "loss scale collapse: "
+        self.loss_at_fault = loss_at_fault
+        what = "non-finite loss" if loss_at_fault else "loss scale collapse"
+        head = f"{what} ({reason}): " if reason else f"{what}: "
         super().__init__(head + report.summary() + "\n" + str(report))
 
     def __reduce__(self):  # keep the report when pickled (e.g. across processes)
-        return (type(self), (self.report, self.reason))
+        return (type(self), (self.report, self.reason, self.loss_at_fault))

@@ -97,7 +97,7 @@ class StepResult:
         return math.nan if self._losses is None else self._losses.mean()
 
 
-class _LossScalingUpdater(CollapseAttributes, UpdaterSettings):
+class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.StepCounters):
     """The training step shared by every updater; see the subclasses. The attributes of
     the collapse handling (``floor_policy``, ``overflow_streak``, ``bad_batches``, ...)
     come from :class:`~nnabla_mpt.collapse.CollapseAttributes`.

@@ -27,6 +27,31 @@ KEYS = ("version", "updater", "policy", "precision", "calibration_pending") + CO
 POLICY = "state['policy']"
 
 
+def _counter(name: str, doc: str) -> property:
+    """A counter of the updater as a documented attribute (kept in ``_<name>``)."""
+    key = "_" + name
+
+    def get(updater: Any) -> int:
+        return updater.__dict__[key]
+
+    def set_(updater: Any, value: int) -> None:
+        updater.__dict__[key] = value
+
+    return property(get, set_, doc=doc)
+
+
+class StepCounters:
+    """The step counters an updater keeps and its state saves (``help()`` lists them)."""
+
+    steps = _counter("steps", "Steps run so far (each ``update()`` runs one, whatever its "
+                     "retries): ``updates + skipped_steps``.")
+    updates = _counter("updates", "Steps that updated the parameters.")
+    skipped_steps = _counter("skipped_steps", "Steps skipped, leaving the parameters and "
+                             "the solver's state as they were: an overflow, a batch "
+                             "holding inf/NaN (``bad_batches``) or a gradient norm that is "
+                             "not finite.")
+
+
 def checked(state: Any, updater_name: str, auto_scale: bool,
             can_calibrate: bool) -> Dict[str, Any]:
     """The counters and ``calibration_pending`` of ``state``, checked: the keys, the

@@ -169,9 +169,9 @@ def test_report_and_plot(short_run):
     assert ("growth (measured, due after 20 good steps in a row): {} growth points, {} grew, "
             "{} held".format(growth["points"], growth["grew"], growth["held"])) in stdout
     last = summary["gradient_stats"]["last"]
-    assert ("gradient statistics (every 50 steps), last at step 99: {:.2f}% zero, {:.2f}% "
+    assert ("fp16 gradient statistics (every 50 steps), last at step 99: {:.2f}% zero, {:.2f}% "
             "subnormal".format(100 * last["zero_fraction"],
-                               100 * last["subnormal_fraction"])) in stdout
+                               100 * last["subnormal_fraction"])) in " ".join(stdout.split())
     assert "headroom {:g} power".format(last["headroom"]) in stdout
     png = out / "digits_fp16.png"
     assert summary["files"]["plot"] == str(png)
@@ -280,7 +280,8 @@ def test_gradient_summary_is_valid_json():
     summary = demo.gradient_summary(history, 10)
     json.dumps(summary, allow_nan=False)      # inf headroom and max_abs became None
     assert summary["records"] == 2 and summary["every"] == 10
-    assert summary["series"][0] == {"step": 9, "skipped": False, "zero_fraction": 0.5,
+    assert summary["series"][0] == {"step": 9, "skipped": False, "precision": "half",
+                                    "zero_fraction": 0.5,
                                     "subnormal_fraction": 0.1, "nonfinite_fraction": 0.0,
                                     "max_abs": 2.0, "headroom": 3.0}
     assert summary["last"]["headroom"] is None and summary["last"]["max_abs"] is None
@@ -314,13 +315,74 @@ def test_plot_has_a_gradient_statistics_panel(tmp_path, monkeypatch):
 
 
 def test_precision_schedule_flag(tmp_path):
-    summary, stdout = run_demo(tmp_path, "--steps", 40, "--interval", 10,
+    summary, stdout = run_demo(tmp_path, "--steps", 40, "--interval", 10, "--stats-every", 10,
                                "--accelerate-train-mode", "fast|step|0.75")
     assert summary["precision"] == {"accelerate_train_mode": "fast|step|0.75",
                                     "half_steps": 30, "float_steps": 10, "switch_step": 30}
     assert "precision schedule 'fast|step|0.75': 30 steps in fp16, 10 in float" in stdout
+    # No scale is used after the switch: the trajectory ends at the last fp16 step.
+    sc = summary["loss_scale"]
+    assert sc["final"] is None and sc["unused_from"] == 30
+    assert sc["min"] >= 1024 and all(i < 30 for i, _ in sc["changes"])
+    assert sc["last_used"] == replay_scale(sc["initial"], sc["changes"], 30)[0][-1]
+    text = " ".join(stdout.split())
+    assert "final 1" not in text and "final" not in text.split("loss scale:")[1][:200]
+    assert ("last used {} by step 29; from step 30 on, after the precision schedule's switch "
+            "to float32, no loss scale is used".format(int(sc["last_used"]))) in text
+    # The float32 statistics are told apart from the fp16 ones.
+    gs = summary["gradient_stats"]
+    assert [r["precision"] for r in gs["series"]] == ["half"] * 3 + ["float"]
+    assert gs["last_fp16"]["step"] == 29 and gs["last"]["step"] == 39
+    assert gs["last"]["headroom"] > 100 > gs["last_fp16"]["headroom"]   # float32's range
+    assert "fp16 gradient statistics (every 10 steps), last at step 29" in text
+    assert ("after the switch, float32 gradient statistics (every 10 steps), last at step 39"
+            in text)
+    assert "counted to float32's largest value as no loss scale is used" in text
     # The float steps keep training the shared parameters: the loss keeps falling.
     assert summary["accuracy"]["fp16"] > 0.5
+
+
+def test_plot_marks_the_precision_switch_and_the_seed_ceiling(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    demo = load_demo_module()
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figures.append)
+    steps, switch = 40, 30
+    fp16 = {"loss": list(np.linspace(2.0, 0.1, steps)),
+            "scale": [8.0] * switch + [1.0] * (steps - switch),
+            "next_scale": [8.0] * (switch - 1) + [1.0] * (steps - switch + 1),
+            "skipped": [False] * steps,
+            "precision": ["half"] * switch + ["float"] * (steps - switch),
+            "growth_due": [False] * steps,
+            "gradient_stats": [gradient_record(19, 3.0), gradient_record(29, 2.0),
+                               dict(gradient_record(39, 131.0), precision="float")]}
+    demo.plot(str(tmp_path / "p.png"), fp16, {"loss": fp16["loss"]}, "title")
+    (fig,) = figures
+    loss, scale, grads, headroom = fig.axes
+    for ax in (loss, scale, grads):          # a vertical line at the switch in every panel
+        assert any(list(line.get_xdata()) == [switch, switch] for line in ax.lines)
+    labels = [t.get_text() for t in scale.get_legend().get_texts()]
+    assert "switch to float32 (step 30)" in labels
+    assert "switch to float32 (step 30)" in [t.get_text() for t in
+                                             loss.get_legend().get_texts()]
+    assert "largest fp16 number (65504)" in labels
+    assert "largest scale an fp16 loss can seed (2**15 = 32768)" in labels
+    assert any(list(line.get_ydata()) == [2.0 ** 15] * 2 for line in scale.lines)
+    # the scale ends at the switch: the 1 reported after it is no scale
+    [used] = [line for line in scale.lines if line.get_label() == "loss scale used"]
+    ydata = np.asarray(used.get_ydata(), dtype=np.float64)
+    assert (ydata[:switch] == 8.0).all() and np.isnan(ydata[switch:]).all()
+    assert any("no loss scale used" in t.get_text() for t in scale.texts)
+    # float32 statistics drawn apart, their headroom (131) not on the fp16 axis
+    assert grads.get_ylabel() == "gradient values (%)"
+    assert [t.get_text() for t in grads.get_legend().get_texts()] == [
+        "zero (%), fp16", "subnormal (%), fp16", "zero (%), float32 after the switch",
+        "subnormal (%), float32 after the switch",
+        "headroom: smallest over the parameters, fp16"]
+    assert list(headroom.lines[0].get_ydata()) == [3.0, 2.0]
+    assert any("float32 headroom" in t.get_text() and "131" in t.get_text()
+               for t in grads.texts)
+    close(fig)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -351,3 +413,59 @@ def test_no_progress_bars_when_stderr_is_not_a_terminal(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "it/s" not in proc.stderr and "\r" not in proc.stderr
     assert len(proc.stderr) < 2000, proc.stderr
+    # ... but progress lines on stdout (here the run is shorter than an epoch: the last step)
+    lines = proc.stdout.splitlines()
+    assert [line.split(",")[0] for line in lines if line.startswith(("fp16 :", "float:"))] == [
+        "fp16 : step 20/20 (epoch 0.9)", "float: step 20/20 (epoch 0.9)"]
+
+
+def test_progress_lines_come_at_epoch_ends_at_most_every_interval(capsys):
+    demo = load_demo_module()
+    lines = demo.ProgressLines("fp16 ", 100, 22, every=0.0)
+    for done in range(1, 101):
+        lines.step(done, "loss 1")
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in printed] == [
+        "fp16 : step {}/100".format(n) for n in (22, 44, 66, 88, 100)]
+    lines = demo.ProgressLines("fp16 ", 100, 22, every=3600.0)
+    for done in range(1, 101):
+        lines.step(done, "loss 1")
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in printed] == ["fp16 : step 22/100",
+                                                          "fp16 : step 100/100"]
+
+
+def test_on_a_terminal_log_lines_are_written_through_the_bar(tmp_path):
+    # stderr is a terminal (a pseudo-terminal here): the bar is drawn, and each log line
+    # the run writes while it is on screen starts a line of its own.
+    import os
+    import pty
+    import re
+    import fcntl
+    import termios
+    master, slave = pty.openpty()
+    # a terminal of 24 x 120 characters (a new pseudo-terminal has no size: no bar fits)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    cmd = [sys.executable, str(DEMO), "--out", str(tmp_path), "--steps", "12",
+           "--interval", "5", "--stats-every", "5"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=600) == 0
+    os.close(master)
+    out = b"".join(chunks).decode("utf-8", "replace")
+    assert "it/s" in out or "s/it" in out                       # the bar was drawn
+    logged = [m.start() for m in re.finditer(r"\d{4}-\d\d-\d\d [\d:,]+ \[nnabla\]", out)]
+    during = [i for i in logged if out.rfind("%|", 0, i) > 0]  # after the bar appeared
+    assert during, out[-3000:]
+    for i in during:
+        start = max(out.rfind("\n", 0, i), out.rfind("\r", 0, i)) + 1
+        assert out[start:i].strip() == "", repr(out[max(0, i - 200):i + 80])

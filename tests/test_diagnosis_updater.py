@@ -118,7 +118,8 @@ def test_log_of_zeros_raises_within_the_streak_naming_log_forward(count_diagnose
         u.update()
     err = info.value
     assert str(err).splitlines()[0].startswith(
-        "loss scale collapse (3 consecutive overflowing steps): Log (#5)")
+        "non-finite loss (3 consecutive steps whose loss itself is non-finite): Log (#5)")
+    assert err.loss_at_fault and "collapse" not in str(err).splitlines()[0]
     assert "in forward" in flat(err).splitlines()[0]
     report = err.report
     assert (report.kind, report.phase, report.function) == ("model", "forward", "Log")
@@ -188,7 +189,12 @@ def test_warn_logs_the_report_once_and_training_goes_on(nnabla_log, count_diagno
     warnings = records(nnabla_log, logging.WARNING)
     assert len(warnings) == 1
     text = flat(warnings[0].getMessage())
-    assert "loss scale collapse (3 consecutive overflowing steps)" in text
+    # The loss itself is non-finite and the scale stays: no "collapse" of the scale.
+    assert text.startswith("nnabla_mpt: the loss is non-finite (3 consecutive steps whose "
+                           "loss itself is non-finite): the forward pass produced inf/NaN "
+                           "before any loss scaling, so a smaller scale cannot help and the "
+                           "scale stays at 1024; training goes on")
+    assert "collapse" not in text.split("Loss-scale diagnosis")[0]
     assert "floor_policy='warn'" in text
     assert "Log (#5) after fc2/affine produced inf/NaN from finite inputs in forward" in text
     assert "F.log(F.maximum_scalar(x, eps))" in text

@@ -2,6 +2,7 @@
 measured growth, the gradient statistics, and their state across a checkpoint."""
 import logging
 import math
+import re
 
 import numpy as np
 import pytest
@@ -92,7 +93,12 @@ def test_auto_starts_at_the_measured_scale_and_steps_like_a_fixed_scale(accum_gr
     assert net.calls == accum_grad                      # the calibration reused the batch
     assert (updater.steps, updater.updates, updater.skipped_steps) == (1, 1, 0)
     [line] = [m for m in messages(info_log) if "scale='auto'" in m]
-    assert f"starts at {start:g}" in line and "at scale 1 " in line
+    # One pass: the scale, what was measured, the margin, the bounds.
+    assert re.fullmatch(
+        rf"nnabla_mpt: scale='auto' starts at {start:g}\. Measured on this step's batch: "
+        rf"the largest gradient is [0-9.]+ at scale 1\. {start:g} is the largest power of "
+        rf"two within the bounds \[1, 32768\] of the scale that keeps the gradients 8 times "
+        rf"below their dtype's largest value \(the lower bound when none does\)", line), line
 
     # Exactly what a fixed-scale step at that scale does on the same batches.
     ref_solver = ref.solver("Adam", alpha=1e-2)
@@ -116,7 +122,7 @@ def test_auto_looks_higher_while_every_gradient_is_zero(info_log):
     result = updater.update()
     assert (result.skipped, result.scale) == (False, 2.0 ** 15)
     [line] = [m for m in messages(info_log) if "scale='auto'" in m]
-    assert "at scale 32768 the largest gradient is 0," in line
+    assert "the largest gradient is 0 at scale 32768." in line
 
 
 def test_auto_with_a_parameter_non_finite_at_any_scale_waits_and_then_collapses(info_log):
@@ -155,7 +161,7 @@ def test_auto_with_gradients_finite_at_a_smaller_scale_starts_at_the_floor(info_
     assert math.isfinite(updater.last_result.loss)
     assert updater.last_result.scale == 1.0 and updater.last_result.skipped
     [line] = [m for m in messages(info_log) if "scale='auto'" in m]
-    assert "starts at 1:" in line and "the largest gradient is inf" in line
+    assert "starts at 1." in line and "the largest gradient is inf" in line
 
 
 @pytest.mark.parametrize("floor_policy", ["raise", "warn", "ignore"])
@@ -194,7 +200,7 @@ def test_auto_measures_again_after_a_first_loss_not_finite(floor_policy, info_lo
     lines = [m for m in messages(info_log) if "scale='auto'" in m]
     assert "measures nothing" in lines[0] and "its loss is not finite (inf)" in lines[0]
     assert "the scale stays 32768" in lines[0]
-    assert f"starts at {start:g}:" in lines[1]
+    assert f"starts at {start:g}." in lines[1]
 
 
 def test_auto_measures_again_after_a_nan_through_a_relu(info_log):
@@ -213,7 +219,7 @@ def test_auto_measures_again_after_a_nan_through_a_relu(info_log):
     assert 2.0 < start and (second.updated, second.scale, updater.scale) == (True, start, start)
     lines = [m for m in messages(info_log) if "scale='auto'" in m]
     assert "its gradients are not finite at scale 1 nor at 6.10352e-05" in lines[0]
-    assert f"starts at {start:g}:" in lines[1]
+    assert f"starts at {start:g}." in lines[1]
 
 
 def test_auto_measures_again_after_a_bad_first_batch(info_log):
@@ -230,7 +236,7 @@ def test_auto_measures_again_after_a_bad_first_batch(info_log):
     start = expected_start(room_by_numpy(ref.loss, ref.params, 1.0), lower=2.0)
     assert 2.0 < start and second.scale == start and updater.scale == start
     lines = [m for m in messages(info_log) if "scale='auto'" in m]
-    assert len(lines) == 2 and f"starts at {start:g}:" in lines[1]
+    assert len(lines) == 2 and f"starts at {start:g}." in lines[1]
 
 
 def _two_layer_loss(x, t, scope, kind):

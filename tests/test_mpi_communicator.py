@@ -144,6 +144,18 @@ def test_different_data_raises_the_same_error_on_every_rank(collectives, alg):
                                       np.full(3, n * (n + 1) / 2, np.float32))
 
 
+@pytest.mark.parametrize("alg", ["reduce_scatter", "reduce_bcast"])
+def test_the_ranks_compare_neither_dtypes_nor_arrays_of_equal_size(collectives, alg):
+    # As docs/troubleshooting.rst says: a float16/float32 pair, or two arrays of equal
+    # size swapped on some rank, pass and are summed as given.
+    n, res = collectives
+    for npz, _ in res:
+        np.testing.assert_array_equal(npz[f"uncompared_{alg}_dtype"],
+                                      np.full(4, n * (n + 1) / 2, np.float32))
+        np.testing.assert_array_equal(npz[f"uncompared_{alg}_swap"],
+                                      [1.0 + 10.0 * (n - 1)] * 3 + [10.0 + (n - 1)] * 3)
+
+
 def test_bcast_copies_bits_and_dtype_from_src(collectives):
     n, res = collectives
     src = n - 1

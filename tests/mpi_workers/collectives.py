@@ -97,6 +97,16 @@ for alg in ("reduce_scatter", "reduce_bcast"):
     after = ndarray(np.full(3, r + 1.0, np.float32))
     c.all_reduce(after)
     out[f"after_mismatch_{alg}"] = after.data.copy()
+    # what the ranks do not compare: an array's own dtype (float16 here, float32 there,
+    # both summed in float32) and two arrays of equal size swapped; summed as given
+    mixed = ndarray(np.full(4, r + 1.0, np.float16 if r == 0 else np.float32),
+                    np.float16 if r == 0 else np.float32)
+    c.all_reduce([mixed])
+    out[f"uncompared_{alg}_dtype"] = mixed.get_data("r").astype(np.float32)
+    pair = [np.full(3, 1.0, np.float32), np.full(3, 10.0, np.float32)]
+    swapped = [ndarray(x) for x in (pair if r == 0 else pair[::-1])]
+    c.all_reduce(swapped)
+    out[f"uncompared_{alg}_swap"] = np.concatenate([a.data for a in swapped])
 
 # -- bcast from the last rank: float32 and float16; a receiver whose array is float32
 #    where the sender's is float16 takes the sender's dtype
