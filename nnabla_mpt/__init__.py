@@ -32,7 +32,8 @@ _LAZY = {
 
 # The submodules the API reference documents (docs/api.rst): in ``dir()``, and loaded on
 # first use like the names of _LAZY.
-_SUBMODULES = ("gradient_stats", "measured", "monitoring", "policy", "precision", "seed")
+_SUBMODULES = ("gradient_stats", "launcher", "measured", "monitoring", "nnabla_api", "policy",
+               "precision", "seed")
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "FP16_MAX"] + list(_LAZY)
 

@@ -69,5 +69,5 @@ def test_dir_of_the_package_shows_the_public_api_and_the_documented_submodules()
 
 
 def test_documented_submodules_are_found_in_the_api_page():
-    assert DOCUMENTED_SUBMODULES == ["gradient_stats", "measured", "monitoring", "policy",
-                                     "precision", "seed"]
+    assert DOCUMENTED_SUBMODULES == ["gradient_stats", "launcher", "measured", "monitoring",
+                                     "nnabla_api", "policy", "precision", "seed"]
