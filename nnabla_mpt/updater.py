@@ -251,7 +251,7 @@ class _LossScalingUpdater(CollapseAttributes):
         # A non-finite loss or batch is no overflow: a smaller scale cannot fix it, so the
         # scale is kept; scale="auto" measures again, on the next batch.
         if scaled and not (loss_nonfinite or bad_batch):
-            self.policy.update(skipped, room)
+            self.policy.update(skipped, self._meter.settled(room, skipped))
         if fed and bad_batch:
             self._meter.calibration_pending = True
         self.steps += 1
@@ -313,9 +313,9 @@ class _LossScalingUpdater(CollapseAttributes):
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """The updater's whole state as plain Python values, versioned: the policy's (scale,
-        counters, bounds), the precision schedule's, the updater's counters and whether
-        ``scale="auto"`` is still to measure (``calibration_pending``). Parameters and
-        solver states are not included: :meth:`save_checkpoint` writes all three together.
+        counters, bounds), the precision schedule's, the updater's counters, whether
+        ``scale="auto"`` is still to measure (``calibration_pending``) and measured growth's
+        history (``scale_history``). Parameters and solver states: :meth:`save_checkpoint`.
         """
         return {"version": updater_state.VERSION, "updater": type(self).__name__,
                 "policy": self.policy.state_dict(),
@@ -325,7 +325,7 @@ class _LossScalingUpdater(CollapseAttributes):
                 "overflow_streak": self._collapse.overflow_streak,
                 "longest_overflow_streak": self._collapse.longest_overflow_streak,
                 "bad_batches": self._collapse.bad_batches,
-                "calibration_pending": self._meter.calibration_pending}
+                **self._meter.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
@@ -352,7 +352,7 @@ class _LossScalingUpdater(CollapseAttributes):
             self.schedule.load_state_dict(state["precision"])
         self.steps, self.updates, self.skipped_steps = (
             checked["steps"], checked["updates"], checked["skipped_steps"])
-        self._meter.calibration_pending = checked["calibration_pending"]
+        self._meter.load_state_dict(checked)
         self._collapse.overflow_streak = checked["overflow_streak"]
         self._collapse.longest_overflow_streak = checked["longest_overflow_streak"]
         self._collapse.bad_batches = checked["bad_batches"]

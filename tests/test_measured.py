@@ -20,20 +20,22 @@ from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, con
                      solver_states)
 
 
-def room_by_numpy(loss, params, scale):
-    """``R`` computed independently, by the rule of nnabla_mpt.measured: a backward pass at
-    ``scale`` read with NumPy. A gradient handed down from the seed through functions that
-    cannot enlarge it is bounded (in units of the scale) and only has to fit; every other
-    one, and the parameters', keeps the margin to its dtype's largest value."""
-    rooms, bound = [], {hash(loss): 1.0}
+def reach_by_numpy(loss, params, scale):
+    """``(cap, reach)`` computed independently, by the rule of nnabla_mpt.measured: a
+    backward pass at ``scale`` read with NumPy. A gradient handed down from the seed
+    through functions that cannot enlarge it is bounded (in units of the scale) and only
+    has to fit: ``cap``, the largest scale they all fit. ``reach``: the scale at which the
+    largest of every other one, and of the parameters', reaches its dtype's largest
+    value."""
+    caps, reaches, bound = [math.inf], [math.inf], {hash(loss): 1.0}
 
     def watch(g, b):
         top = np.abs(np.asarray(g, dtype=np.float64)).max()
         limit = FLOATS[str(g.dtype)].max
         if math.isfinite(b):
-            rooms.append(limit / (b * scale))
+            caps.append(limit / b)
         elif top > 0:
-            rooms.append(limit / (top * MARGIN))
+            reaches.append(scale * limit / top)
 
     def pre(f):
         outs = [bound.get(hash(v), math.inf) for v in f.outputs]
@@ -53,7 +55,27 @@ def room_by_numpy(loss, params, scale):
         watch(v.g, math.inf)
     for v in params.values():
         v.grad.zero()
-    return min(rooms)
+    return min(caps), min(reaches)
+
+
+def room_by_numpy(loss, params, scale):
+    """``R`` of one batch: the gradients without a bound keep the margin of one batch."""
+    cap, reach = reach_by_numpy(loss, params, scale)
+    return min(cap, reach / MARGIN) / scale
+
+
+def room_by_history(reaches, cap, scale):
+    """``R`` of measured growth after the watched passes' ``reaches``, by the rule of
+    nnabla_mpt.scale_history in NumPy: the last 8 passes; with fewer than 4, the margin of
+    one batch; else 2 ** (3 standard deviations of log2 of the reaches less the mean's
+    distance to the worst), within [2 ** 0.5, 8]."""
+    last = np.log2(reaches[-8:])
+    if len(last) < 4:
+        margin = MARGIN
+    else:
+        spread = 3 * np.std(last, ddof=1) - (last.mean() - last.min())
+        margin = 2.0 ** np.clip(spread, 0.5, 3.0)
+    return min(cap, 2.0 ** last.min() / margin) / scale
 
 
 def expected_start(room, probe=1.0, lower=1.0, upper=2.0 ** 15):
@@ -271,15 +293,17 @@ def test_a_run_resumed_after_a_bad_first_batch_calibrates_as_the_uninterrupted_o
 # -- measured growth ------------------------------------------------------------------------
 
 def test_measured_growth_grows_by_exactly_what_the_gradients_allow():
-    # lr=0 keeps the parameters, so a twin net measures each batch's R independently (with
-    # NumPy) at the scale the step runs with; N=1 makes every step a growth point.
+    # lr=0 keeps the parameters, so a twin net measures each batch's reach independently
+    # (with NumPy) at the scale the step runs with; N=1 makes every step a growth point.
     net, twin = Net("half", scope="net"), Net("half", scope="twin")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
                                         scale=4.0, N=1, growth_mode="measured")
-    scale, moves = 4.0, []
+    scale, moves, reaches = 4.0, [], []
     for i in range(12):
         twin.feed(i)
-        room = room_by_numpy(twin.loss, twin.params, scale)
+        cap, reach = reach_by_numpy(twin.loss, twin.params, scale)
+        reaches.append(reach)
+        room = room_by_history(reaches, cap, scale)
         k = math.floor(math.log2(room)) if room >= 1 else 0
         expected = min(scale * 2.0 ** k, 2.0 ** 15)
         result = updater.update()
