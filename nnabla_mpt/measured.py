@@ -30,7 +30,7 @@ one batch cannot bound, and keeps ``MARGIN`` to its dtype's largest value.
   value, ``s * dtype_max / max|g|``) joins a short history
   (:class:`~nnabla_mpt.scale_history.ScaleHistory`), and::
 
-      R = min(cap, history.supported()) / s      cap: the scale the bounded gradients fit
+      R = min(cap, history.supported(reach)) / s    cap: the scale the bounded ones fit
       the scale becomes s * f**k for the largest k >= 0 with f**k <= R
 
   (within the upper bound; ``k = 0`` holds the scale): a growth certain to overflow is
@@ -182,7 +182,7 @@ class ScaleMeter:
         if reach == 0.0:
             return 0.0
         self.history.record(reach)
-        return min(cap, self.history.supported()) / scale
+        return min(cap, self.history.supported(reach)) / scale
 
     def state_dict(self) -> Dict[str, Any]:
         """``calibration_pending`` and ``scale_history`` (the reaches), for the updater's

@@ -9,13 +9,14 @@ at different scales compare directly. The history keeps the last :data:`LENGTH`:
 
     record(reach):      a good step's watched pass, agreed over the ranks (the smallest);
                         skipped steps (overflow, bad batch) record nothing
-    margin():           fewer than MIN_SAMPLES reaches:  MARGIN (2**3), as for one batch
-                        else, over log2 of the reaches (mean m, standard deviation d,
-                        worst w = the smallest):
+    margin():           over log2 of the reaches (mean m, standard deviation d, worst
+                        w = the smallest):
                             e = SPREADS * d - (m - w)     how far SPREADS deviations below
                                                           the mean reach beyond the worst
                             margin = 2 ** clamp(e, MIN_EXPONENT, 3)
-    supported():        worst / margin()                  (inf while empty)
+    supported(reach):   fewer than MIN_SAMPLES reaches:   reach / MARGIN    (one batch, as
+                                                          it was: no spread seen yet)
+                        else:                             worst / margin()
 
 A steady stream (every pass alike) keeps the smallest margin, ``2**0.5``; a noisy one a
 larger margin, up to 8. The worst of the history already covers the batches it has seen;
@@ -60,7 +61,7 @@ class ScaleHistory:
         >>> steady = ScaleHistory()
         >>> for _ in range(4):
         ...     steady.record(4096.0)
-        >>> round(steady.margin(), 3), round(steady.supported())
+        >>> round(steady.margin(), 3), round(steady.supported(4096.0))
         (1.414, 2896)
     """
 
@@ -74,18 +75,20 @@ class ScaleHistory:
             self._reaches.append(float(reach))
 
     def margin(self) -> float:
-        """The factor kept between the history's worst reach and the scale."""
+        """The factor kept between the history's worst reach and the scale (``MARGIN``
+        while it holds fewer than :data:`MIN_SAMPLES` reaches)."""
         if len(self._reaches) < MIN_SAMPLES:
             return MARGIN
         logs = [math.log2(r) for r in self._reaches]
         spread = SPREADS * statistics.stdev(logs) - (statistics.fmean(logs) - min(logs))
         return 2.0 ** min(max(spread, MIN_EXPONENT), math.log2(MARGIN))
 
-    def supported(self) -> float:
-        """The largest scale the history supports: its worst reach over the margin; inf
-        while it is empty."""
-        if not self._reaches:
-            return math.inf
+    def supported(self, reach: float) -> float:
+        """The largest scale the history supports after a pass of ``reach``: its worst
+        reach over the margin; while it holds fewer than :data:`MIN_SAMPLES`, ``reach``
+        over ``MARGIN`` (``inf`` when every gradient without a bound was zero)."""
+        if len(self._reaches) < MIN_SAMPLES:
+            return reach / MARGIN
         return min(self._reaches) / self.margin()
 
     def __len__(self) -> int:
