@@ -24,8 +24,9 @@ one batch cannot bound, and keeps ``MARGIN`` to its dtype's largest value.
 
       s0 = the largest power of two  <=  p * R,   within [min_scale, upper bound]
 
-* **Measured growth** (``growth_mode="measured"``). On the step where growth is due, the
-  backward pass is watched at the step's own scale ``s``; if the step is good, its *reach*
+* **Measured growth** (``growth_mode="measured"``). On the step where growth is due (and
+  every ``WATCH_EVERY``-th step, for the history), the backward pass is watched at the
+  step's own scale ``s``; if the step is good, its *reach*
   (the scale at which its largest unbounded gradient would reach its dtype's largest
   value, ``s * dtype_max / max|g|``) joins a short history
   (:class:`~nnabla_mpt.scale_history.ScaleHistory`), and::
@@ -62,7 +63,7 @@ from nnabla.logger import logger
 from . import graph
 from .dtypes import float_type
 from .gradient_stats import GradientStats, gradient_stats
-from .scale_history import MARGIN, ScaleHistory, checked_state
+from .scale_history import MARGIN, WATCH_EVERY, ScaleHistory, checked_state
 from .watch import RangeWatch
 
 
@@ -149,9 +150,12 @@ class ScaleMeter:
         self.calibration_pending = calibrate
         self.history = ScaleHistory()
 
-    def growth_watch(self) -> Optional[RangeWatch]:
-        """A watch for the step's backward passes when a measured growth is due."""
-        if getattr(self._policy, "growth_mode", None) == "measured" and self._policy.growth_due:
+    def growth_watch(self, index: int) -> Optional[RangeWatch]:
+        """A watch for the backward passes of step ``index`` in ``"measured"`` mode: where
+        growth is due, and every :data:`~nnabla_mpt.scale_history.WATCH_EVERY`-th step for
+        the history."""
+        if getattr(self._policy, "growth_mode", None) == "measured" and (
+                self._policy.growth_due or (index + 1) % WATCH_EVERY == 0):
             return RangeWatch(self._loss, self._ctx)
         return None
 
@@ -172,10 +176,11 @@ class ScaleMeter:
 
     def settled(self, measured: Optional[Tuple[float, float, float]],
                 skipped: bool) -> Optional[float]:
-        """The room ``R`` for the policy: None where nothing was measured or the step was
-        skipped (which records nothing); else the step's reach joins the history and ``R``
-        is what the history and the bounded gradients support over the step's scale (0,
-        hold, when a gradient was not finite)."""
+        """The room ``R`` for the policy (which uses it where growth is due): None where
+        nothing was measured or the step was skipped (which records nothing); else the
+        step's reach joins the history and ``R`` is what the history and the bounded
+        gradients support over the step's scale (0, hold, when a gradient was not
+        finite)."""
         if measured is None or skipped:
             return None
         cap, reach, scale = measured

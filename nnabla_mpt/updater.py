@@ -237,7 +237,7 @@ class _LossScalingUpdater(CollapseAttributes):
             self._meter.calibrate(self._feed, lambda: recorder.forward(losses, 0, False),
                                   self._zero_grads)
         scale = self.policy.get_loss_scale() if scaled else 1.0
-        watch = self._meter.growth_watch() if scaled else None
+        watch = self._meter.growth_watch(index) if scaled else None
         watch_loss = self.schedule is not None and self.schedule.needs_loss
         self._forward_backward(recorder, seeds.at(scale), scale, losses, watch, fed)
         if watch is not None and self._in_backward is None:
