@@ -16,12 +16,17 @@ at different scales compare directly. The history keeps the last :data:`LENGTH`:
                             margin = 2 ** clamp(e, MIN_EXPONENT, 3)
     supported(reach):   fewer than MIN_SAMPLES reaches:   reach / MARGIN    (one batch, as
                                                           it was: no spread seen yet)
-                        else:                             worst / margin()
+                        else:  max(worst / margin(),      what the history supports,
+                                   recent / MARGIN)       never below the worst of the
+                                                          RECENT newest with one
+                                                          batch's margin
 
 A steady stream (every pass alike) keeps the smallest margin, ``2**0.5``; a noisy one a
 larger margin, up to 8. The worst of the history already covers the batches it has seen;
 the margin covers the next one, by as far as the history's spread says it may fall below
-the mean. The scale the updater grows to is the largest power of two below both what the
+the mean. Where the gradients shrink fast (early in training) the history's worst is its
+oldest pass: the floor, the last :data:`RECENT` passes with the margin of one batch, keeps
+the scale from lagging below what they allow. The scale the updater grows to is the largest power of two below both what the
 history supports and what the gradients bounded by the scale allow: so after a back-off
 the first growth point moves straight back to it, however low the back-off went, and a
 batch that overflows, being skipped, never lowers it.
@@ -58,6 +63,10 @@ SPREADS = 3.0
 #: The smallest margin, as a power of two: a steady stream keeps ``2**0.5``.
 MIN_EXPONENT = 0.5
 
+#: The floor of what the history supports: the worst of this many of the newest passes
+#: over ``MARGIN``.
+RECENT = 2
+
 
 class ScaleHistory:
     """The reaches of the last :data:`LENGTH` watched passes (see the module's docstring).
@@ -91,11 +100,13 @@ class ScaleHistory:
 
     def supported(self, reach: float) -> float:
         """The largest scale the history supports after a pass of ``reach``: its worst
-        reach over the margin; while it holds fewer than :data:`MIN_SAMPLES`, ``reach``
-        over ``MARGIN`` (``inf`` when every gradient without a bound was zero)."""
+        reach over the margin, or the worst of its :data:`RECENT` newest over ``MARGIN``
+        if that is more; while it holds fewer than :data:`MIN_SAMPLES`, ``reach`` over
+        ``MARGIN`` (``inf`` when every gradient without a bound was zero)."""
         if len(self._reaches) < MIN_SAMPLES:
             return reach / MARGIN
-        return min(self._reaches) / self.margin()
+        recent = min(list(self._reaches)[-RECENT:]) / MARGIN
+        return max(min(self._reaches) / self.margin(), recent)
 
     def __len__(self) -> int:
         return len(self._reaches)

@@ -68,12 +68,15 @@ def room_by_history(reaches, cap, scale):
     """``R`` of measured growth after the watched passes' ``reaches``, by the rule of
     nnabla_mpt.scale_history in NumPy: with fewer than 4 passes, the last one with the
     margin of one batch; else the worst of the last 8 over 2 ** (3 standard deviations of
-    log2 of their reaches less the mean's distance to the worst), within [2 ** 0.5, 8]."""
+    log2 of their reaches less the mean's distance to the worst), within [2 ** 0.5, 8];
+    never below the worst of the last 2 over 8."""
     if len(reaches) < 4:
         return min(cap, reaches[-1] / MARGIN) / scale
     last = np.log2(reaches[-8:])
     spread = 3 * np.std(last, ddof=1) - (last.mean() - last.min())
-    return min(cap, 2.0 ** last.min() / 2.0 ** np.clip(spread, 0.5, 3.0)) / scale
+    supported = max(2.0 ** last.min() / 2.0 ** np.clip(spread, 0.5, 3.0),
+                    min(reaches[-2:]) / MARGIN)
+    return min(cap, supported) / scale
 
 
 def expected_start(room, probe=1.0, lower=1.0, upper=2.0 ** 15):
@@ -470,10 +473,10 @@ def test_gradients_bounded_by_the_seed_only_have_to_fit():
 
 def _history_run(factors, steps, scale=2048.0, nan=(), feed=None, **options):
     """A linear float16 net with lr=0 (its gradients depend on the batch alone) trained
-    with measured growth and N=1 (every good step a growth point); batch ``i``'s inputs
-    are multiplied, those in ``nan`` hold a NaN; ``feed``: which batch step ``i`` reads
-    (``i``), its inputs multiplied by ``factors.get(i, 1)``. Returns the updater, its results and a twin net that
-    reproduces any batch (``twin.feed(i)``)."""
+    with measured growth and N=1 (every good step a growth point) for ``steps`` steps.
+    Step ``i`` reads batch ``feed(i)`` (``i``) with its inputs multiplied by
+    ``factors.get(i, 1)``; the batches in ``nan`` hold a NaN. Returns the updater, its
+    results and a twin net that reproduces step ``i``'s batch (``twin.feed(i)``)."""
     net, twin = Net("half", scope="net"), Net("half", scope="twin")
     net.nan = set(nan)
     which = feed or (lambda i: i)
