@@ -66,7 +66,6 @@ from .gradient_stats import GradientStats, gradient_stats
 from .scale_history import MARGIN, WATCH_EVERY, ScaleHistory, checked_state
 from .watch import RangeWatch
 
-
 #: How much higher each probe of ``scale="auto"`` goes while every gradient is zero.
 PROBE_STEP = 2.0 ** 8
 

@@ -2,10 +2,11 @@
 supports.
 
 Each watched pass of ``growth_mode="measured"`` (on a good step where growth is due, and
-on every :data:`WATCH_EVERY`-th good step) gives one *reach*: the scale at which its largest gradient without a bound (a parameter's, an
-activation's; see :mod:`nnabla_mpt.measured`) would reach its dtype's largest value. A
-reach is relative to the scale the pass ran at (``s * dtype_max / max|g|``), so passes run
-at different scales compare directly. The history keeps the last :data:`LENGTH`::
+on every :data:`WATCH_EVERY`-th good step) gives one *reach*: the scale at which its
+largest gradient without a bound (a parameter's, an activation's; see
+:mod:`nnabla_mpt.measured`) would reach its dtype's largest value. A reach is relative to
+the scale the pass ran at (``s * dtype_max / max|g|``), so passes run at different scales
+compare directly. The history keeps the last :data:`LENGTH`::
 
     record(reach):      a good step's watched pass, agreed over the ranks (the smallest);
                         skipped steps (overflow, bad batch) record nothing
@@ -26,10 +27,12 @@ larger margin, up to 8. The worst of the history already covers the batches it h
 the margin covers the next one, by as far as the history's spread says it may fall below
 the mean. Where the gradients shrink fast (early in training) the history's worst is its
 oldest pass: the floor, the last :data:`RECENT` passes with the margin of one batch, keeps
-the scale from lagging below what they allow. The scale the updater grows to is the largest power of two below both what the
-history supports and what the gradients bounded by the scale allow: so after a back-off
-the first growth point moves straight back to it, however low the back-off went, and a
-batch that overflows, being skipped, never lowers it.
+the scale from lagging below what they allow.
+
+The scale the updater grows to is the largest power of two below both what the history
+supports and what the gradients bounded by the scale allow: so after a back-off the first
+growth point moves straight back to it, however low the back-off went, and a batch that
+overflows, being skipped, never lowers it.
 
 Plain Python: no nnabla here.
 """
@@ -50,8 +53,8 @@ LENGTH = 8
 
 #: Every this many steps a step is watched for the history besides the growth points: the
 #: gradients shrink or grow over training, and growth points ``N`` (2000 by default) steps
-#: apart would keep reaches of long ago. A watched step costs about 10% more (the digits
-#: MLP), so this costs about 0.4% of the run.
+#: apart would keep reaches of long ago. A watched step costs about 10-17% more (the
+#: digits MLP), so this costs about 0.4-0.7% of a run.
 WATCH_EVERY = 25
 
 #: How many passes the history needs before its spread sets the margin.
