@@ -11,7 +11,8 @@ Three runs of the same 64-64-64-10 MLP on scikit-learn's digits (8x8 images, 10 
 * ``measured``: the same float16 graph with ``scale="auto"`` (the first step measures the
   largest gradient on its own batch and picks the start) and ``growth_mode="measured"``
   (on the step where growth is due the backward pass is watched and the scale grows by as
-  many factors as the gradients leave room for, possibly none).
+  many factors as the gradients leave room for, possibly none: the room comes from a
+  history of the watched steps, which also include every ``WATCH_EVERY``-th step).
 
 All three start from the same initial parameters and see the same batches in the same
 order. The loss is the batch *sum* of the cross-entropies (learning rate divided by the
@@ -21,7 +22,8 @@ the scale. All are evaluated on the held-out split with a float32 graph.
 The two fp16 runs are independent models, so they run interleaved, step i of one then
 step i of the other, the order alternating every step: each ``update()`` call is timed
 with the process's CPU clock, and both see the same machine load. The step time of the
-measured run is split into the steps where the watch ran (the growth steps) and the others.
+measured run is split into the steps where the watch ran (the growth steps and every
+``WATCH_EVERY``-th step) and the others.
 
 Prints, for each fp16 run: the final test accuracy and its difference to float, the
 skipped steps during the warm-up (the steps before the first applied update) and after it,
@@ -63,6 +65,7 @@ from nnabla.logger import logger  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from nnabla_mpt import DynamicLossScalingUpdater, LossScaleCallback  # noqa: E402
 from nnabla_mpt.measured import MARGIN  # noqa: E402
+from nnabla_mpt.scale_history import WATCH_EVERY  # noqa: E402
 
 HIDDEN = (64, 64)
 FLOAT = get_extension_context("cpu", type_config="float")
@@ -191,9 +194,11 @@ class Contender:
 
     @property
     def watched(self):
-        """Per step: whether the backward pass was watched for a measured growth."""
+        """Per step: whether the backward pass was watched, for a measured growth or for
+        the history (every ``WATCH_EVERY``-th step)."""
         measured = self.updater.policy.growth_mode == "measured"
-        return [measured and due for due in self.due]
+        return [measured and (due or (i + 1) % WATCH_EVERY == 0)
+                for i, due in enumerate(self.due)]
 
     def growth_points(self):
         """``(step, scale, next scale)`` of every good step that ended a growth interval."""

@@ -33,17 +33,28 @@ one batch cannot bound, and keeps ``MARGIN`` to its dtype's largest value.
   communicator, one such rank makes every rank wait for the next batch. Gradients finite
   at that small scale but not at the probe are an overflow: the start is ``min_scale``.
 
-* **Measured growth** (``growth_mode="measured"``). On the step where growth is due, ``R``
-  is measured at the step's own scale ``s`` and the scale becomes ``s * f**k`` for the
-  largest ``k >= 0`` with ``f**k <= R`` (within the upper bound; ``k = 0`` holds the
-  scale): a growth certain to overflow is never tried, and after a spike the scale comes
-  back in one move.
+* **Measured growth** (``growth_mode="measured"``). On the step where growth is due (and
+  every ``WATCH_EVERY``-th step, for the history), the backward pass is watched at the
+  step's own scale ``s``; if the step is good, its *reach*
+  (the scale at which its largest unbounded gradient would reach its dtype's largest
+  value, ``s * dtype_max / max|g|``) joins a short history
+  (:class:`~nnabla_mpt.scale_history.ScaleHistory`), and::
 
-With a communicator every rank takes the smallest ``R`` (the smallest start) over the
-ranks: the largest gradient decides, and the ranks stay identical.
+      R = min(cap, history.supported(reach)) / s    cap: the scale the bounded ones fit
+      the scale becomes s * f**k for the largest k >= 0 with f**k <= R
 
-The margin, ``MARGIN = 2**3``: the measurement sees one batch, and the next batches'
-gradients differ. A gradient with no bound (a parameter's gradient, summed over the
+  (within the upper bound; ``k = 0`` holds the scale): a growth certain to overflow is
+  never tried, and after a back-off the first growth point moves straight back to what
+  the history supports. A skipped step (overflow, bad batch) records nothing.
+
+With a communicator every rank takes the smallest cap and reach (the smallest start) over
+the ranks: the largest gradient decides, every rank records the same reach, and the ranks
+stay identical.
+
+The margin of one batch, ``MARGIN = 2**3`` (``scale="auto"``, and measured growth while
+the history holds fewer than ``MIN_SAMPLES`` passes; with more, the history's spread sets
+it, :mod:`~nnabla_mpt.scale_history`): the measurement sees one batch, and the next
+batches' gradients differ. A gradient with no bound (a parameter's gradient, summed over the
 batch; an activation's gradient, amplified by the weights above it) must stay 8 times
 below its dtype's largest value: a later batch's may be 8 times the measured one's. The
 gradients the loss's reductions and a cross-entropy hand down are bounded by the scale
@@ -62,29 +73,38 @@ from . import graph
 from .dtypes import float_type
 from .gradient_stats import GradientStats, gradient_stats
 from .seed import held_scale
+from .scale_history import MARGIN, WATCH_EVERY, ScaleHistory, checked_state
 from .watch import RangeWatch
-
-#: The safety factor between a measured gradient and its dtype's largest value.
-MARGIN = 2.0 ** 3
 
 #: How much higher each probe of ``scale="auto"`` goes while every gradient is zero.
 PROBE_STEP = 2.0 ** 8
 
 
-def room(watch: RangeWatch, held: float) -> Tuple[float, float]:
-    """``(R, largest)`` of a watched pass whose seed held ``held`` (its scale rounded to
-    the loss's dtype, :func:`~nnabla_mpt.seed.held_scale`): how far the scale may be
-    multiplied (see the module's docstring; ``inf`` when every gradient is zero, 0 when
-    one is not finite), and the largest ``max |g|`` seen (0 if none)."""
+def reaches(watch: RangeWatch, scale: float) -> Tuple[float, float, float]:
+    """``(cap, reach, largest)`` of a watched pass run at ``scale``: the largest scale the
+    gradients with a bound fit (``min dtype_max(g) / b(g)``), the scale at which the
+    largest gradient without one would reach its dtype's largest value
+    (``min s * dtype_max(g) / max|g|``), each ``inf`` when there is none or every such
+    gradient is zero, both 0 when a gradient is not finite; and the largest ``max |g|``
+    seen (0 if none)."""
     maxima, limits, bounds = watch.read()
-    if maxima.size == 0:
-        return math.inf, 0.0
     if not np.isfinite(maxima).all():
-        return 0.0, math.inf
+        return 0.0, 0.0, math.inf
+    bounded = np.isfinite(bounds)
     with np.errstate(divide="ignore"):
-        rooms = np.where(np.isfinite(bounds), limits / (bounds * held),
-                         limits / (maxima * MARGIN))
-    return float(rooms.min()), float(maxima.max())
+        caps, free = limits[bounded] / bounds[bounded], limits[~bounded] / maxima[~bounded]
+    cap = float(caps.min()) if caps.size else math.inf
+    reach = float(free.min()) * scale if free.size else math.inf
+    return cap, reach, float(maxima.max()) if maxima.size else 0.0
+
+
+def room(watch: RangeWatch, scale: float) -> Tuple[float, float]:
+    """``(R, largest)`` of a watched pass run at ``scale``: how far the scale may be
+    multiplied with the margin of one batch (see the module's docstring; ``inf`` when
+    every gradient is zero, 0 when one is not finite), and the largest ``max |g|`` seen
+    (0 if none)."""
+    cap, reach, largest = reaches(watch, scale)
+    return min(cap, reach / MARGIN) / scale, largest
 
 
 def calibrated_scale(probe: float, room: float, lower: float, upper: float) -> float:
@@ -140,10 +160,14 @@ class ScaleMeter:
         self._reduced_max = None if reduced_dtype is None else float_type(reduced_dtype).max
         self.auto_scale = calibrate
         self.calibration_pending = calibrate
+        self.history = ScaleHistory()
 
-    def growth_watch(self) -> Optional[RangeWatch]:
-        """A watch for the step's backward passes when a measured growth is due."""
-        if getattr(self._policy, "growth_mode", None) == "measured" and self._policy.growth_due:
+    def growth_watch(self, index: int) -> Optional[RangeWatch]:
+        """A watch for the backward passes of step ``index`` in ``"measured"`` mode: where
+        growth is due, and every :data:`~nnabla_mpt.scale_history.WATCH_EVERY`-th step for
+        the history."""
+        if getattr(self._policy, "growth_mode", None) == "measured" and (
+                self._policy.growth_due or (index + 1) % WATCH_EVERY == 0):
             return RangeWatch(self._loss, self._ctx)
         return None
 
@@ -152,15 +176,43 @@ class ScaleMeter:
         reduce) to ``watch``, bounded by the dtype the backward computes in."""
         watch.add([v.grad for v in self._params.values()], self._own_max)
 
-    def growth_room(self, watch: RangeWatch, held: float) -> float:
-        """How far the scale may grow after the step watched with a seed holding ``held``
-        (:attr:`~nnabla_mpt.seed.BackwardSeed.held`): ``R`` over the watched passes, each
-        rank's own gradients (:meth:`watch_own`) and the reduced ones, smallest over the
-        ranks."""
+    def growth_room(self, watch: RangeWatch, held: float) -> Tuple[float, float, float]:
+        """What the step watched with a seed holding ``held`` (its scale as the loss's
+        dtype holds it, :attr:`~nnabla_mpt.seed.BackwardSeed.held`: what the gradients
+        carry) measured, before the step is decided: ``(cap, reach, held)``
+        (:func:`reaches`) over the watched passes, each rank's own gradients
+        (:meth:`watch_own`) and the reduced ones, each the smallest over the ranks.
+        :meth:`settled` turns it into the growth's room once the step is decided."""
         if self._reduced_max is not None:
             watch.add([v.grad for v in self._params.values()], self._reduced_max)
-        measured, _ = room(watch, held)
-        return min(self._gather(measured))
+        cap, reach, _ = reaches(watch, held)
+        return min(self._gather(cap)), min(self._gather(reach)), held
+
+    def settled(self, measured: Optional[Tuple[float, float, float]],
+                skipped: bool) -> Optional[float]:
+        """The room ``R`` for the policy (which uses it where growth is due): None where
+        nothing was measured or the step was skipped (which records nothing); else the
+        step's reach joins the history and ``R`` is what the history and the bounded
+        gradients support over the step's scale (0, hold, when a gradient was not
+        finite)."""
+        if measured is None or skipped:
+            return None
+        cap, reach, scale = measured
+        if reach == 0.0:
+            return 0.0
+        self.history.record(reach)
+        return min(cap, self.history.supported(reach)) / scale
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``calibration_pending`` and ``scale_history`` (the reaches), for the updater's
+        state."""
+        return {"calibration_pending": self.calibration_pending,
+                "scale_history": self.history.state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned (``state``, checked, may hold more)."""
+        self.calibration_pending = state["calibration_pending"]
+        self.history.load(checked_state("state['scale_history']", state["scale_history"]))
 
     def statistics(self, index: int) -> Optional[Dict[str, GradientStats]]:
         """The gradient statistics of step ``index``, on every ``stats_every``-th step."""

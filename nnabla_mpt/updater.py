@@ -243,7 +243,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
             self._meter.calibrate(self._feed, lambda: recorder.forward(losses, 0, False),
                                   self._zero_grads)
         scale = self.policy.get_loss_scale() if scaled else 1.0
-        watch = self._meter.growth_watch() if scaled else None
+        watch = self._meter.growth_watch(index) if scaled else None
         watch_loss = self.schedule is not None and self.schedule.needs_loss
         self._forward_backward(recorder, seed.at(scale), scale, losses, watch, fed)
         if watch is not None and self._in_backward is None:
@@ -258,7 +258,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
         # A skipped step's non-finite loss or batch is no overflow: a smaller scale cannot
         # fix it, so the scale is kept; scale="auto" measures again, on the next batch.
         if scaled and not (loss_nonfinite or bad_batch):
-            self.policy.update(skipped, room)
+            self.policy.update(skipped, self._meter.settled(room, skipped))
         if fed and bad_batch:
             self._meter.calibration_pending = True
         self.steps += 1
@@ -319,9 +319,9 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """The updater's whole state as plain Python values, versioned: the policy's (scale,
-        counters, bounds), the precision schedule's, the updater's counters and whether
-        ``scale="auto"`` is still to measure (``calibration_pending``). Parameters and
-        solver states are not included: :meth:`save_checkpoint` writes all three together.
+        counters, bounds), the precision schedule's, the updater's counters, whether
+        ``scale="auto"`` is still to measure (``calibration_pending``) and measured growth's
+        history (``scale_history``). Parameters and solver states: :meth:`save_checkpoint`.
         """
         return {"version": updater_state.VERSION, "updater": type(self).__name__,
                 "policy": self.policy.state_dict(),
@@ -331,7 +331,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
                 "overflow_streak": self._collapse.overflow_streak,
                 "longest_overflow_streak": self._collapse.longest_overflow_streak,
                 "bad_batches": self._collapse.bad_batches,
-                "calibration_pending": self._meter.calibration_pending}
+                **self._meter.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
@@ -358,7 +358,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
             self.schedule.load_state_dict(state["precision"])
         self.steps, self.updates, self.skipped_steps = (
             checked["steps"], checked["updates"], checked["skipped_steps"])
-        self._meter.calibration_pending = checked["calibration_pending"]
+        self._meter.load_state_dict(checked)
         self._collapse.overflow_streak = checked["overflow_streak"]
         self._collapse.longest_overflow_streak = checked["longest_overflow_streak"]
         self._collapse.bad_batches = checked["bad_batches"]

@@ -14,15 +14,18 @@ from nnabla.logger import logger
 from . import _validate as check
 from . import options
 from .dtypes import FloatType
+from .scale_history import checked_state
 
-#: The current version: 1 had no ``bad_batches``, 2 no ``calibration_pending``.
-VERSION = 3
+#: The current version: 1 had no ``bad_batches``, 2 no ``calibration_pending``, 3 no
+#: ``scale_history``.
+VERSION = 4
 
 #: The updater's counters, integers >= 0.
 COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
             "longest_overflow_streak", "bad_batches")
 #: Every key of a state of the current version.
-KEYS = ("version", "updater", "policy", "precision", "calibration_pending") + COUNTERS
+KEYS = ("version", "updater", "policy", "precision", "calibration_pending",
+        "scale_history") + COUNTERS
 #: How messages name the policy's part of the state.
 POLICY = "state['policy']"
 
@@ -71,6 +74,7 @@ def checked(state: Any, updater_name: str, auto_scale: bool,
         raise ValueError(f"state['calibration_pending'] is True, but {updater_name} has no "
                          f"scale='auto' to measure")
     values["calibration_pending"] = pending
+    values["scale_history"] = checked_state("state['scale_history']", state["scale_history"])
     return values
 
 
@@ -98,12 +102,15 @@ def current(state: Any, auto_scale: bool) -> Any:
     """``state`` in the current version. Version 1 had no ``bad_batches`` (it counted
     none); versions 1 and 2 had no ``calibration_pending``: ``scale="auto"`` is still to
     measure only where the loading updater has it (``auto_scale``) and the state was saved
-    before the first step. Anything else is returned as it is, for :func:`checked` to
-    judge."""
+    before the first step; versions 1 to 3 had no ``scale_history``: it starts empty
+    (measured growth then keeps the margin of one batch until it has seen a few passes).
+    Anything else is returned as it is, for :func:`checked` to judge."""
     version = state.get("version") if isinstance(state, Mapping) else None
-    if type(version) is not int or version not in (1, 2):
+    if type(version) is not int or version not in (1, 2, 3):
         return state
-    added = {"calibration_pending": auto_scale and state.get("steps") == 0}
+    added: Dict[str, Any] = {"scale_history": []}
+    if version < 3:
+        added["calibration_pending"] = auto_scale and state.get("steps") == 0
     if version == 1:
         added["bad_batches"] = 0
     check.exact_keys(f"state (version {version})", state, set(KEYS) - set(added))

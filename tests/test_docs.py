@@ -44,6 +44,7 @@ def test_page_examples_run(page, tmp_path):
 
 
 MODULES = ["nnabla_mpt.policy", "nnabla_mpt.detector", "nnabla_mpt.updater",
+           "nnabla_mpt.scale_history",
            "nnabla_mpt.diagnosis", "nnabla_mpt.monitoring", "nnabla_mpt.seed"]
 
 

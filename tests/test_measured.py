@@ -21,20 +21,22 @@ from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, con
                      solver_states)
 
 
-def room_by_numpy(loss, params, scale):
-    """``R`` computed independently, by the rule of nnabla_mpt.measured: a backward pass at
-    ``scale`` read with NumPy. A gradient handed down from the seed through functions that
-    cannot enlarge it is bounded (in units of the scale) and only has to fit; every other
-    one, and the parameters', keeps the margin to its dtype's largest value."""
-    rooms, bound = [], {hash(loss): 1.0}
+def reach_by_numpy(loss, params, scale):
+    """``(cap, reach)`` computed independently, by the rule of nnabla_mpt.measured: a
+    backward pass at ``scale`` read with NumPy. A gradient handed down from the seed
+    through functions that cannot enlarge it is bounded (in units of the scale) and only
+    has to fit: ``cap``, the largest scale they all fit. ``reach``: the scale at which the
+    largest of every other one, and of the parameters', reaches its dtype's largest
+    value."""
+    caps, reaches, bound = [math.inf], [math.inf], {hash(loss): 1.0}
 
     def watch(g, b):
         top = np.abs(np.asarray(g, dtype=np.float64)).max()
         limit = FLOATS[str(g.dtype)].max
         if math.isfinite(b):
-            rooms.append(limit / (b * scale))
+            caps.append(limit / b)
         elif top > 0:
-            rooms.append(limit / (top * MARGIN))
+            reaches.append(scale * limit / top)
 
     def pre(f):
         outs = [bound.get(hash(v), math.inf) for v in f.outputs]
@@ -54,7 +56,28 @@ def room_by_numpy(loss, params, scale):
         watch(v.g, math.inf)
     for v in params.values():
         v.grad.zero()
-    return min(rooms)
+    return min(caps), min(reaches)
+
+
+def room_by_numpy(loss, params, scale):
+    """``R`` of one batch: the gradients without a bound keep the margin of one batch."""
+    cap, reach = reach_by_numpy(loss, params, scale)
+    return min(cap, reach / MARGIN) / scale
+
+
+def room_by_history(reaches, cap, scale):
+    """``R`` of measured growth after the watched passes' ``reaches``, by the rule of
+    nnabla_mpt.scale_history in NumPy: with fewer than 4 passes, the last one with the
+    margin of one batch; else the worst of the last 8 over 2 ** (3 standard deviations of
+    log2 of their reaches less the mean's distance to the worst), within [2 ** 0.5, 8];
+    never below the worst of the last 2 over 8."""
+    if len(reaches) < 4:
+        return min(cap, reaches[-1] / MARGIN) / scale
+    last = np.log2(reaches[-8:])
+    spread = 3 * np.std(last, ddof=1) - (last.mean() - last.min())
+    supported = max(2.0 ** last.min() / 2.0 ** np.clip(spread, 0.5, 3.0),
+                    min(reaches[-2:]) / MARGIN)
+    return min(cap, supported) / scale
 
 
 def expected_start(room, probe=1.0, lower=1.0, upper=2.0 ** 15):
@@ -361,15 +384,17 @@ def test_a_run_resumed_after_a_bad_first_batch_calibrates_as_the_uninterrupted_o
 # -- measured growth ------------------------------------------------------------------------
 
 def test_measured_growth_grows_by_exactly_what_the_gradients_allow():
-    # lr=0 keeps the parameters, so a twin net measures each batch's R independently (with
-    # NumPy) at the scale the step runs with; N=1 makes every step a growth point.
+    # lr=0 keeps the parameters, so a twin net measures each batch's reach independently
+    # (with NumPy) at the scale the step runs with; N=1 makes every step a growth point.
     net, twin = Net("half", scope="net"), Net("half", scope="twin")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
                                         scale=4.0, N=1, growth_mode="measured")
-    scale, moves = 4.0, []
+    scale, moves, reaches = 4.0, [], []
     for i in range(12):
         twin.feed(i)
-        room = room_by_numpy(twin.loss, twin.params, scale)
+        cap, reach = reach_by_numpy(twin.loss, twin.params, scale)
+        reaches.append(reach)
+        room = room_by_history(reaches, cap, scale)
         k = math.floor(math.log2(room)) if room >= 1 else 0
         expected = min(scale * 2.0 ** k, 2.0 ** 15)
         result = updater.update()
@@ -577,3 +602,110 @@ def test_gradients_bounded_by_the_seed_only_have_to_fit():
     assert room(watch, scale)[0] == pytest.approx(expected, rel=1e-6)
     # with the margin on those two as well, the scale could not even double
     assert 65504.0 / (scale * MARGIN) < 2.0 <= expected
+
+
+# -- the history of measured growth ---------------------------------------------------------
+
+def _history_run(factors, steps, scale=2048.0, nan=(), feed=None, **options):
+    """A linear float16 net with lr=0 (its gradients depend on the batch alone) trained
+    with measured growth and N=1 (every good step a growth point) for ``steps`` steps.
+    Step ``i`` reads batch ``feed(i)`` (``i``) with its inputs multiplied by
+    ``factors.get(i, 1)``; the batches in ``nan`` hold a NaN. Returns the updater, its
+    results and a twin net that reproduces step ``i``'s batch (``twin.feed(i)``)."""
+    net, twin = Net("half", scope="net"), Net("half", scope="twin")
+    net.nan = set(nan)
+    which = feed or (lambda i: i)
+
+    def batch(i):
+        x, t = Net.batch(net, which(i))
+        return x * np.float32(factors.get(i, 1.0)), t
+
+    def feeder():
+        net.x.d, net.t.d = batch(net.calls)
+        net.calls += 1
+
+    twin.batch = batch
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, feeder,
+                                        scale=scale, N=1, growth_mode="measured", **options)
+    return updater, [updater.update() for _ in range(steps)], twin
+
+
+def test_after_a_skipped_spike_the_first_growth_point_moves_back_to_the_history():
+    # Batches 3 and 11 are three times larger (gradients about 9 times): the history has
+    # seen one such batch before the spike (8, 9, 10), so when the first growth point after
+    # the spike measures the second one, the history still supports the scale of before
+    # the spike. One batch alone, with its margin of 8, allows 8 times less.
+    factors = {3: 3.0, 11: 3.0, 8: 60.0, 9: 60.0, 10: 60.0}
+    updater, results, twin = _history_run(factors, 12)
+    assert [r.step for r in results if r.skipped] == [8, 9, 10]
+    before, low = results[8].scale, results[10].next_scale
+    assert low == before / 8                    # three back-offs
+    twin.feed(11)
+    cap, reach = reach_by_numpy(twin.loss, twin.params, low)
+    assert min(cap, reach / MARGIN) < before / 2      # what one batch would allow
+    assert results[11].scale == low and results[11].next_scale == before    # one move
+
+
+def test_skipped_steps_and_bad_batches_record_nothing():
+    # Every step is a growth point. An overflowing batch (5) and a batch with a NaN (7) are
+    # skipped; the history holds the reaches of the good steps only, each measured at the
+    # scale its step ran with, and the scale comes back at once after the overflow.
+    updater, results, twin = _history_run({5: 60.0}, 10, scale=256.0, nan={7})
+    assert [(r.step, r.bad_batch) for r in results if r.skipped] == [(5, False), (7, True)]
+    expected = []
+    for r in results:
+        if not r.skipped:
+            twin.feed(r.step)
+            expected.append(reach_by_numpy(twin.loss, twin.params, r.scale)[1])
+    assert updater.state_dict()["scale_history"] == pytest.approx(expected[-8:], rel=1e-6)
+    assert results[6].next_scale >= results[5].scale       # back where it was, at once
+    assert results[8].next_scale == results[7].scale       # a bad batch keeps the scale
+
+
+def test_the_margin_follows_the_spread_the_history_has_seen():
+    # A steady stream (the same batch at every step) keeps the smallest margin, 2**0.5, and
+    # grows to it; a noisy one (inputs up to 3 times larger) a larger one, as the NumPy
+    # rule says, and stays 8 times lower.
+    steady, _, twin = _history_run({i: 16.0 for i in range(8)}, 8, scale=1.0,
+                                   feed=lambda i: 0)
+    twin.feed(0)
+    cap, reach = reach_by_numpy(twin.loss, twin.params, 1.0)
+    assert reach / 2 ** 0.5 < cap
+    assert steady.scale == 2.0 ** math.floor(math.log2(reach / 2 ** 0.5))
+    assert steady.scale >= 4 * 2.0 ** math.floor(math.log2(reach / MARGIN))
+
+    factors = {i: 16.0 * (1.0 + (i % 3)) for i in range(8)}
+    noisy, results, twin = _history_run(factors, 8, scale=1.0, feed=lambda i: 0)
+    del results
+    history = noisy.state_dict()["scale_history"]
+    assert len(history) == 8 and min(history) < max(history) / 4
+    logs = np.log2(history)
+    margin = 2.0 ** np.clip(3 * np.std(logs, ddof=1) - (logs.mean() - logs.min()), 0.5, 3.0)
+    assert margin > 2.0
+    # (the scale never falls at a growth point: it holds what the first passes allowed)
+    assert noisy.scale <= max(2.0 ** math.floor(math.log2(min(history) / margin)),
+                              steady.scale / 8)
+
+
+def test_a_resumed_run_keeps_the_history_and_its_trajectory(tmp_path):
+    # Every step is a growth point; the history at step 6 decides the scales after it. The
+    # resumed run repeats the uninterrupted one bitwise; without the history it would not.
+    options = dict(scale=64.0, N=1, growth_mode="measured")
+    net = Net("half", hidden=8)
+    solver = net.solver("Adam", alpha=1e-2)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, **options)
+    uninterrupted = [updater.update() for _ in range(10)]
+    params, states = net.snapshot(), solver_states(solver)
+
+    b, second, second_solver, saved = _resumed(str(tmp_path / "ckpt.npz"), 6, **options)
+    assert len(saved["scale_history"]) == 6 and b.state_dict() == saved
+    resumed = [b.update() for _ in range(4)]
+    assert [(r.step, r.skipped, r.scale, r.next_scale) for r in resumed] == [
+        (r.step, r.skipped, r.scale, r.next_scale) for r in uninterrupted[6:]]
+    assert_bitwise_equal(second.snapshot(), params)
+    assert_states_bitwise_equal(solver_states(second_solver), states)
+
+    c, third, _, _ = _resumed(str(tmp_path / "ckpt2.npz"), 6, **options)
+    c.load_state_dict({**c.state_dict(), "scale_history": []})
+    forgetful = [c.update().next_scale for _ in range(4)]
+    assert forgetful != [r.next_scale for r in uninterrupted[6:]]

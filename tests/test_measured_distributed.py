@@ -39,6 +39,16 @@ def test_the_spike_backs_off_and_measured_growth_returns_in_one_move(run):
     assert meta["next_scale"][10] >= before / 2
 
 
+def test_every_rank_keeps_the_same_history(run):
+    # One reach per good growth point (steps 2, 5, 10 and 13; the spike's 6 and 7 are
+    # skipped), the smallest over the ranks, the same bits on every rank.
+    n, res = run
+    ref = res[0][1]["scale_history"]
+    assert len(ref) == 4 and all(r > 0 for r in ref)
+    for r, (_, meta) in enumerate(res):
+        assert meta["scale_history"] == ref, f"rank {r}"
+
+
 def test_gradient_statistics_are_each_ranks_own(run):
     n, res = run
     for _, meta in res:

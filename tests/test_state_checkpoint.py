@@ -37,7 +37,7 @@ def _busy_dynamic(scope="net"):
 
 
 EXPECTED_STATE = {
-    "version": 3, "updater": "DynamicLossScalingUpdater",
+    "version": 4, "updater": "DynamicLossScalingUpdater",
     "policy": {"version": 2, "kind": "dynamic", "scale": 4.0, "good_steps": 0,
                "hysteresis_left": 0, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 3, "hysteresis": 2, "min_scale": 1.0,
@@ -45,6 +45,7 @@ EXPECTED_STATE = {
     "precision": None,
     "steps": 8, "updates": 3, "skipped_steps": 5, "overflow_streak": 1,
     "longest_overflow_streak": 4, "bad_batches": 0, "calibration_pending": False,
+    "scale_history": [],
 }
 
 
@@ -83,11 +84,11 @@ def test_fixed_updater_state_round_trip():
         updater.update()
     state = updater.state_dict()
     # the inf batches are bad batches: skipped and counted, no overflow streak
-    assert state == {"version": 3, "updater": "FixedLossScalingUpdater",
+    assert state == {"version": 4, "updater": "FixedLossScalingUpdater",
                      "policy": {"version": 1, "kind": "fixed", "scale": 32.0},
                      "precision": None, "steps": 4, "updates": 2, "skipped_steps": 2,
                      "overflow_streak": 0, "longest_overflow_streak": 0, "bad_batches": 2,
-                     "calibration_pending": False}
+                     "calibration_pending": False, "scale_history": []}
     other_net = Net(scope="other")
     other = FixedLossScalingUpdater(other_net.solver("Sgd", lr=0.1), other_net.loss,
                                     scale=2.0)
@@ -113,13 +114,24 @@ def _mutated(mutate):
     (lambda s: s.update(bad_batches=-2), ValueError,
      r"state\['bad_batches'\] must be >= 0, got -2"),
     (lambda s: s.update(version=1), ValueError,
-     r"state \(version 1\) .*unknown keys \['bad_batches', 'calibration_pending'\]"),
+     r"state \(version 1\) .*unknown keys \['bad_batches', 'calibration_pending', "
+     r"'scale_history'\]"),
     (lambda s: s.update(version=2), ValueError,
-     r"state \(version 2\) .*unknown keys \['calibration_pending'\]"),
+     r"state \(version 2\) .*unknown keys \['calibration_pending', 'scale_history'\]"),
+    (lambda s: s.update(version=3), ValueError,
+     r"state \(version 3\) .*unknown keys \['scale_history'\]"),
+    (lambda s: s.update(scale_history=[1.0, float("inf")]), ValueError,
+     r"^state\['scale_history'\]\[1\] must be finite, got inf$"),
+    (lambda s: s.update(scale_history=[0.0]), ValueError,
+     r"^state\['scale_history'\]\[0\] must be > 0, got 0\.0$"),
+    (lambda s: s.update(scale_history=[1.0] * 9), ValueError,
+     r"^state\['scale_history'\] holds 9 reaches, at most 8 are kept$"),
+    (lambda s: s.update(scale_history=4.0), TypeError,
+     r"^state\['scale_history'\] must be a list of reaches, got 4\.0$"),
     (lambda s: s.update(calibration_pending=1), TypeError,
      r"state\['calibration_pending'\] must be True or False, got 1"),
-    (lambda s: s.update(version=True), ValueError, r"state has version True; .*writes version 3"),
-    (lambda s: s.update(version=3.0), ValueError, r"state has version 3\.0; "),
+    (lambda s: s.update(version=True), ValueError, r"state has version True; .*writes version 4"),
+    (lambda s: s.update(version=4.0), ValueError, r"state has version 4\.0; "),
     (lambda s: s.update(updates=1.5), TypeError, r"state\['updates'\] must be an integer"),
     (lambda s: s["policy"].pop("scale"), ValueError, r"missing keys \['scale'\]"),
     (lambda s: s["policy"].update(kind="fixed"), ValueError, r"'fixed' policy"),
@@ -299,7 +311,7 @@ def test_a_version_1_state_loads_with_no_bad_batches():
     # version 1 had no bad_batches; such a state is read as one that counted none
     old = json.loads(json.dumps(EXPECTED_STATE))
     old["version"] = 1
-    del old["bad_batches"], old["calibration_pending"]
+    del old["bad_batches"], old["calibration_pending"], old["scale_history"]
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver("Adam", alpha=1e-2), net.loss, net.feeder,
                                         scale=8.0, N=2000, overflow_mode="saturation",
@@ -325,9 +337,10 @@ def test_a_version_2_state_of_scale_auto_still_measures_only_before_the_first_st
     updater.update()
     assert updater.state_dict()["calibration_pending"] is False
     old.update(version=2, steps=steps, updates=steps)
-    del old["calibration_pending"]
+    del old["calibration_pending"], old["scale_history"]
     updater.load_state_dict(old)
-    assert updater.state_dict() == {**old, "version": 3, "calibration_pending": pending}
+    assert updater.state_dict() == {**old, "version": 4, "calibration_pending": pending,
+                                    "scale_history": []}
 
 
 def test_a_state_with_the_calibration_due_makes_a_numeric_scale_measure_with_a_warning(

@@ -6,7 +6,8 @@ Every rank trains the same float16 MLP (parameters broadcast from rank 0) with
 ``scale="auto"``, ``growth_mode="measured"``, ``N=3`` and ``gradient_stats_every=4`` on its
 own batches; the last rank's inputs are 4 times larger (its gradients decide the scale),
 and at steps 6 and 7 they are 10 times larger again: its float16 gradients overflow, the scale
-backs off twice, and the next growth point measures its way back. Each rank also runs,
+backs off twice, and the next growth point measures its way back; every rank keeps the
+same history of measured growth (``scale_history``). Each rank also runs,
 in a separate scope and without the communicator, the calibration alone on its own first
 batch (``local_start``). A third run, in its own scope, feeds rank 0 a first batch
 holding ``1e5`` (beyond float16: its loss is inf) and every other rank an ordinary one:
@@ -104,4 +105,5 @@ for _ in range(STEPS):
     if r.gradient_stats is not None:
         meta["stats_steps"].append(r.step)
         meta["stats_max_abs"].append(max(s.max_abs for s in r.gradient_stats.values()))
+meta["scale_history"] = updater.state_dict()["scale_history"]
 save(outdir, rank, {f"param/{k}": v.d.copy() for k, v in params.items()}, meta)
