@@ -130,8 +130,10 @@ def import_before(rev):
     return before
 
 
-def _hand(spec, seed):
-    loss, params = build("hand", spec, seed)
+def _hand(spec, seed, check=False):
+    """The hand-written loop; ``check``: with the overflow check a careful user writes
+    (``solver.check_inf_or_nan_grad()``, skipping the step when it finds inf/NaN)."""
+    loss, params = build("check" if check else "hand", spec, seed)
     solver = make_solver(params)
 
     def hand():
@@ -139,25 +141,11 @@ def _hand(spec, seed):
         feed()
         loss.forward(clear_no_need_grad=True)
         loss.backward(SCALE, clear_buffer=True)
-        solver.scale_grad(1.0 / SCALE)
-        solver.update()
-    return hand, params
-
-
-def _checked(spec, seed):
-    loss, params = build("check", spec, seed)
-    solver = make_solver(params)
-
-    def check():
-        solver.zero_grad()
-        feed()
-        loss.forward(clear_no_need_grad=True)
-        loss.backward(SCALE, clear_buffer=True)
-        if solver.check_inf_or_nan_grad():
+        if check and solver.check_inf_or_nan_grad():
             return                                  # skip the step
         solver.scale_grad(1.0 / SCALE)
         solver.update()
-    return check, params
+    return hand, params
 
 
 def _updater(cls, scope, **options):
@@ -175,7 +163,7 @@ def contender_makers(with_clip=False, control=False):
     """(name, builder) of each contender, in the order they run. The control runs where
     ours runs in the reversed order (second from the end), so that the two take the same
     places over two rounds."""
-    found = [("hand", _hand), ("check", _checked),
+    found = [("hand", _hand), ("check", lambda spec, seed: _hand(spec, seed, check=True)),
              ("ours", _updater(DynamicLossScalingUpdater, "ours"))]
     if BeforeUpdater is not None:
         found.append(("before", _updater(BeforeUpdater, "before")))
