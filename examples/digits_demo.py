@@ -89,8 +89,10 @@ from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
 from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater
-from nnabla_mpt.dtypes import FLOATS
 from nnabla_mpt.gradient_stats import overall
+
+#: The largest power of two float16 holds: a float16 loss cannot seed a larger scale.
+FP16_SEED_CEILING = 2.0 ** 15
 
 
 # --------------------------------------------------------------------------- data
@@ -514,7 +516,7 @@ def plot_scale(ax, steps, fp16, skipped, switch):
         ax.scatter(held, scale[held], marker="o", facecolors="none", color="tab:gray",
                    zorder=3, label="growth due, scale held")
     ax.axhline(FP16_MAX, color="gray", ls="--", lw=0.8, label="largest fp16 number (65504)")
-    ax.axhline(FLOATS["float16"].max_power_of_two, color="tab:olive", ls=":", lw=1.2,
+    ax.axhline(FP16_SEED_CEILING, color="tab:olive", ls=":", lw=1.2,
                label="largest scale an fp16 loss can seed (2**15 = 32768)")
     mark_switch(ax, switch, label=True)
     ax.set_yscale("log", base=2)

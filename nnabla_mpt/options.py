@@ -515,13 +515,17 @@ def dynamic_policy(values: Mapping[str, Any], given: Mapping[str, Any],
                             growth_mode=values["growth_mode"])
 
 
+def check_retries(max_retries: int, enable_overflow_check: bool) -> None:
+    """Retries need the overflow check: without it no step is ever skipped."""
+    if max_retries and not enable_overflow_check:
+        raise ValueError(f"max_retries={max_retries!r} needs enable_overflow_check=True: "
+                         f"without the check no step is ever skipped")
+
+
 def fixed_policy(values: Mapping[str, Any], dtype: FloatType) -> FixedLossScale:
     """The policy of the fixed updater; the scale must be one the loss's dtype ``dtype``
     can seed, and retries need the overflow check."""
-    if values["max_retries"] and not values["enable_overflow_check"]:
-        raise ValueError(f"max_retries={values['max_retries']!r} needs "
-                         f"enable_overflow_check=True: without the check no step is ever "
-                         f"skipped")
+    check_retries(values["max_retries"], values["enable_overflow_check"])
     policy = FixedLossScale(values["scale"])
     ceiling = dtype.max_power_of_two
     if policy.loss_scale > ceiling:

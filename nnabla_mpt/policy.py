@@ -114,6 +114,12 @@ class DynamicLossScale:
         self._scale = _scale_in("scale", scale, self.min_scale, self.max_scale)
         self._good_steps = 0
 
+    def set_growth_interval(self, growth_interval: int) -> None:
+        """Sets ``growth_interval`` (checked, ``>= 1``); a count of good steps already at
+        it or beyond is kept just below it, so the next good step grows the scale."""
+        self.growth_interval = check.integer("growth_interval", growth_interval, ge=1)
+        self._good_steps = min(self._good_steps, self.growth_interval - 1)
+
     @property
     def good_steps(self) -> int:
         """Consecutive good steps since the last overflow or growth."""

@@ -43,6 +43,9 @@ def fixed(name: str, doc: str, instead: str) -> property:
 
 _REBUILD = "build a new updater with it (save_checkpoint, then load_checkpoint into the new one)"
 
+#: The options a dynamic updater's policy keeps (a loaded state may change them).
+IN_POLICY = ("backoff_factor", "hysteresis", "min_scale", "max_scale", "growth_mode")
+
 
 def _accum_grad(updater: Any, value: int) -> None:
     for recorder, _ in updater._passes.values():
@@ -56,9 +59,7 @@ def _average_accum(updater: Any, value: bool) -> None:
 
 def _max_retries(updater: Any, value: Any) -> int:
     value = options.option_named("max_retries").check("max_retries", value)
-    if value and not updater.enable_overflow_check:
-        raise ValueError(f"max_retries={value!r} needs enable_overflow_check=True: without "
-                         f"the check no step is ever skipped")
+    options.check_retries(value, updater.enable_overflow_check)
     return value
 
 
@@ -91,6 +92,9 @@ class UpdaterSettings:
                    "the solver it was given and its parameters; " + _REBUILD)
     loss = fixed("loss", "The loss Variable.", "the step's passes, seeds and checks were "
                  "built on its graph; " + _REBUILD)
+    shared_grads = fixed("shared_grads", "The :class:`~nnabla_mpt.SharedGradients` in use, "
+                         "or None.", "the gradients were placed (or not) in the "
+                         "communicator's shared memory at construction; " + _REBUILD)
     high_precision_loss = fixed("high_precision_loss", "The full-precision loss of the "
                                 "precision schedule, or None.", "the schedule's passes were "
                                 "built on its graph; " + _REBUILD)
@@ -98,9 +102,9 @@ class UpdaterSettings:
 
 def _scaling_factor(updater: Any, value: float) -> None:
     policy = updater.policy
-    policy.growth_factor = value
-    if updater._backoff_follows:     # backoff_factor not given: 1 / scaling_factor
+    if policy.backoff_factor == 1.0 / policy.growth_factor:   # the default: it follows
         policy.backoff_factor = 1.0 / value
+    policy.growth_factor = value
 
 
 def in_policy(name: str, field: str, doc: str,
@@ -120,8 +124,38 @@ class DynamicSettings(UpdaterSettings):
     kept by its policy."""
 
     scaling_factor = in_policy("scaling_factor", "growth_factor", "Growth factor of the "
-                               "scale (assignable; also the back-off where "
-                               "``backoff_factor`` was not given).", _scaling_factor)
+                               "scale (assignable; also the back-off where it is "
+                               "``1 / scaling_factor``, the default).", _scaling_factor)
     N = in_policy("N", "growth_interval", "Consecutive good steps before the scale grows "
                   "(assignable; a count already at the new N grows at the next good step).",
-                  lambda updater, value: setattr(updater.policy, "growth_interval", value))
+                  lambda updater, value: updater.policy.set_growth_interval(value))
+
+
+def constructor_only(name: str) -> property:
+    """An option that is neither a live setting nor one of those :func:`fixed` explains:
+    reading gives the value in use (the policy's, or the constructor's), assigning raises
+    ``AttributeError`` naming it, where before such an assignment was ignored."""
+    def read(updater: Any) -> Any:
+        if name in IN_POLICY:
+            return getattr(updater.policy, name)
+        return updater._options[name]
+
+    def assign(updater: Any, value: Any) -> None:
+        carried = " (a loaded state carries it too)" if name in IN_POLICY else ""
+        raise AttributeError(f"{type(updater).__name__}.{name} is set at construction only "
+                             f"({name} = {value!r} refused): pass {name}= to the "
+                             f"constructor{carried}; " + _REBUILD)
+
+    return property(read, assign, doc=f"``{name}`` as given to the constructor (read-only).")
+
+
+def guarded(signature: "options.UpdaterSignature") -> Callable[[type], type]:
+    """Class decorator: gives the class a :func:`constructor_only` property for every
+    option of ``signature`` it has no attribute of."""
+    def guard(cls: type) -> type:
+        for name in signature.options:
+            if not hasattr(cls, name):
+                setattr(cls, name, constructor_only(name))
+        return cls
+
+    return guard

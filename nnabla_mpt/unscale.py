@@ -55,7 +55,9 @@ class Unscaler:
         by the scale itself would leave an error of up to 0.05% in float16) and clips
         them. With ``lr_scheduler``, first fetches the rate :meth:`apply` sets: the
         schedule's at ``updates``, the updates applied so far (a skipped step does not
-        advance it); a rate it refuses raises here, before anything has changed.
+        advance it); a rate it refuses raises here, before the step changes parameters,
+        solver states, scale or counters (its batches are consumed, and a first step of
+        ``scale="auto"`` has measured its scale).
 
         Returns False, the gradients unscaled but not clipped, when clipping is on and
         their norm is not finite: no factor brings such gradients to the bound (the
@@ -110,5 +112,5 @@ def scheduled_rate(scheduler: Any, updates: int) -> float:
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"lr_scheduler.get_learning_rate({updates}) returned {rate!r}: a "
                          f"learning rate must be finite and >= 0 (the step is not taken: "
-                         f"parameters, scale and counters are unchanged)")
+                         f"parameters, solver states and counters are unchanged)")
     return value

@@ -3,13 +3,18 @@
 One call of ``update()`` runs the step (:meth:`_LossScalingUpdater.update`)::
 
     zero the gradients
-    accum_grad times: feed a batch, forward, backward with the loss scale
+    accum_grad times: feed a batch, forward (with outputs=), backward with
+                  the loss scale                                              step_loss.py
     decide:       all-reduce (with a communicator), check for overflow      agreement.py
                   unscale, clip; a gradient norm not finite is an overflow  unscale.py
-    good step:    weight decay, solver.update()                               unscale.py
+    good step:    weight decay, the scheduled learning rate, solver.update() unscale.py
     skipped step: parameters and solver states stay as they are
-    tell the policy: the scale backs off or grows                             policy.py
+    tell the policy: the scale backs off or grows (measured growth:
+                  from the history of watched passes)          policy.py, measured.py
     after a skip: on a collapse, diagnose and act by floor_policy             collapse.py
+
+Settings a script changes between steps take effect from the next step
+(:mod:`nnabla_mpt.settings`).
 
 Both updaters run this loop; they differ in the policy that sets the scale and in their
 arguments (``options.DYNAMIC``, ``options.FIXED``). Checkpoint files are written and read
@@ -24,7 +29,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import nnabla as nn
 from nnabla.logger import logger
 
-from . import abort, agreement, checkpoint, graph, options, updater_state
+from . import abort, agreement, checkpoint, graph, options, settings, updater_state
 from .collapse import CollapseAttributes, CollapseWatch
 from .detector import BatchCheck, OverflowDetector, overflow_check
 from .dtypes import FloatType
@@ -138,9 +143,9 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
         self._max_retries = values["max_retries"]
         self._average_accum = values["average_accum"]
         self._average_ranks = values["average_ranks"]
-        self._monitor = values["monitor"]
+        self._monitor, self._options = values["monitor"], values
         batch = BatchCheck([self.loss, self.high_precision_loss], self._params)
-        self._decider, self.shared_grads = _decider(
+        self._decider, self._shared_grads = _decider(
             self, values["shared_grads"], batch,
             options.backward_reduction(values, graphs, self._params))
         self._in_backward = self._decider.in_backward
@@ -233,7 +238,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
             self._idle.append(True)
 
     def _step(self, attempts: int) -> StepResult:
-        index = self.steps
+        index = self._steps
         loss, precision = self._graph_at(index)
         recorder, seed = self._passes[id(loss)]
         losses = recorder.start()
@@ -248,26 +253,26 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
         self._forward_backward(recorder, seed.at(scale), scale, losses, watch, fed)
         if watch is not None and self._in_backward is None:
             self._meter.watch_own(watch)     # this rank's gradients, before the reduce
-        # as the backward produced them
         stats = self._meter.statistics(index) if self._meter.stats_every else None
         skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses, index)
         room = (None if watch is None or skipped    # the seed's value: what the grads carry
                 else self._meter.growth_room(watch, seed.held))
-        skipped = skipped or not self._unscaler.unscale(seed.held, self.updates)  # norm not finite
+        skipped = skipped or not self._unscaler.unscale(seed.held, self._updates)  # norm not finite
         at_floor = skipped and scaled and self.policy.at_min_scale    # read on overflow only
         # A skipped step's non-finite loss or batch is no overflow: a smaller scale cannot
         # fix it, so the scale is kept; scale="auto" measures again, on the next batch.
         if scaled and not (loss_nonfinite or bad_batch):
-            self.policy.update(skipped, self._meter.settled(room, skipped))
+            self.policy.update(skipped, None if room is None
+                               else self._meter.settled(room, skipped))
         if fed and bad_batch:
             self._meter.calibration_pending = True
-        self.steps += 1
+        self._steps += 1
         if skipped:
-            self.skipped_steps += 1
+            self._skipped_steps += 1
             self._collapse.count_skip(bad_batch)
         else:
             self._unscaler.apply()
-            self.updates += 1
+            self._updates += 1
             self._collapse.overflow_streak = 0
         if watch_loss and math.isfinite(losses.mean()):
             self.schedule.observe_loss(index, losses.mean())
@@ -446,6 +451,7 @@ def _already_running(updater: _LossScalingUpdater) -> RuntimeError:
         f"update() from one thread, or give each thread an updater of its own graph")
 
 
+@settings.guarded(options.DYNAMIC)
 @options.DYNAMIC.describe
 class DynamicLossScalingUpdater(DynamicSettings, _LossScalingUpdater):
     """Mixed-precision training step with a dynamic loss scale.
@@ -484,11 +490,11 @@ class DynamicLossScalingUpdater(DynamicSettings, _LossScalingUpdater):
 
     def __init__(self, solver, loss, *args, **kwargs) -> None:
         values, given = options.DYNAMIC.bind(type(self).__name__, args, kwargs)
-        self._backoff_follows = values["backoff_factor"] is None
         super().__init__(solver, loss,
                          lambda dtype: options.dynamic_policy(values, given, dtype), values)
 
 
+@settings.guarded(options.FIXED)
 @options.FIXED.describe
 class FixedLossScalingUpdater(_LossScalingUpdater):
     """Mixed-precision training step with a constant loss scale.

@@ -7,6 +7,7 @@ this module says what a valid state is. The policy's and the precision schedule'
 are theirs to check (:mod:`nnabla_mpt.policy`, :mod:`nnabla_mpt.precision`).
 """
 import copy
+from operator import attrgetter
 from typing import Any, Dict, Mapping, Tuple
 
 from nnabla.logger import logger
@@ -31,16 +32,14 @@ POLICY = "state['policy']"
 
 
 def _counter(name: str, doc: str) -> property:
-    """A counter of the updater as a documented attribute (kept in ``_<name>``)."""
+    """A counter of the updater as a documented attribute, kept in ``_<name>`` (which the
+    step loop updates directly)."""
     key = "_" + name
 
-    def get(updater: Any) -> int:
-        return updater.__dict__[key]
-
     def set_(updater: Any, value: int) -> None:
-        updater.__dict__[key] = value
+        setattr(updater, key, value)
 
-    return property(get, set_, doc=doc)
+    return property(attrgetter(key), set_, doc=doc)
 
 
 class StepCounters:

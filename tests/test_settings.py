@@ -106,7 +106,7 @@ def test_retries_without_the_check_are_refused_as_at_construction():
 
 
 @pytest.mark.parametrize("setting", ["comm", "grads", "average_ranks", "solver", "loss",
-                                     "high_precision_loss"])
+                                     "high_precision_loss", "shared_grads"])
 def test_a_setting_the_step_was_built_around_refuses_assignment(setting):
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder)
@@ -127,3 +127,30 @@ def test_scaling_factor_keeps_a_given_backoff():
     default = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder)
     default.scaling_factor = 4.0
     assert default.policy.backoff_factor == 0.25
+
+
+@pytest.mark.parametrize("setting", ["min_scale", "backoff_factor", "hysteresis", "max_scale",
+                                     "growth_mode", "lr_scheduler", "overflow_mode",
+                                     "gradient_stats_every", "outputs"])
+def test_any_other_option_is_read_only_and_says_so(setting):
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, min_scale=2.0,
+                                        hysteresis=2)
+    old = getattr(updater, setting)
+    with pytest.raises(AttributeError,
+                       match=rf"DynamicLossScalingUpdater\.{setting} is set at construction "
+                             rf"only \({setting} = 7 refused\): pass {setting}= to the "
+                             rf"constructor"):
+        setattr(updater, setting, 7)
+    assert getattr(updater, setting) == old
+    assert (updater.min_scale, updater.hysteresis) == (2.0, 2)
+
+
+def test_n_below_the_good_steps_counted_grows_at_the_next_step_and_saves():
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=8.0, N=10)
+    for _ in range(6):
+        updater.update()
+    updater.N = 3
+    updater.load_state_dict(updater.state_dict())     # a consistent state: it loads
+    assert updater.update().next_scale == 16.0        # the count was at the new N
