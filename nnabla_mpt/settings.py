@@ -23,6 +23,10 @@ def live(name: str, doc: str, apply: Optional[Callable[[Any, Any], None]] = None
     option = options.option_named(name)
 
     def assign(updater: Any, value: Any) -> None:
+        if not updater._idle:      # update() holds the token: a feeder or monitor assigns
+            raise RuntimeError(f"{type(updater).__name__}.{name} = {value!r} refused during "
+                               f"update() (from a data_feeder or a monitor): assign it "
+                               f"between update() calls; it takes effect from the next one")
         value = option.check(name, value) if check is None else check(updater, value)
         if apply is not None:
             apply(updater, value)

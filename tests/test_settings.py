@@ -154,3 +154,24 @@ def test_n_below_the_good_steps_counted_grows_at_the_next_step_and_saves():
     updater.N = 3
     updater.load_state_dict(updater.state_dict())     # a consistent state: it loads
     assert updater.update().next_scale == 16.0        # the count was at the new N
+
+
+def test_a_setting_assigned_during_update_is_refused():
+    # The step running would mix the old and the new value (the passes ran with the old
+    # accumulation, the unscale would divide by the new one).
+    net = Net()
+    errors = []
+
+    def feeder():
+        net.feeder()
+        try:
+            updater.accum_grad = 2
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, feeder, average_accum=True)
+    assert updater.update().updated
+    assert updater.accum_grad == 1 and len(errors) == 1
+    assert "accum_grad = 2 refused during update()" in errors[0]
+    updater.accum_grad = 2                    # between steps: taken
+    assert updater.accum_grad == 2
