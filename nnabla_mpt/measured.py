@@ -258,12 +258,14 @@ class ScaleMeter:
         self._policy.set_loss_scale(scale)
         self.calibration_pending = False
         ranks = f", the smallest start over {len(starts)} ranks" if len(starts) > 1 else ""
+        keeps = (f"every gradient {MARGIN:g} times below its dtype's largest value")
+        why = (f"{scale:g} is the largest power of two within [{lower:g}, {upper:g}] that "
+               f"keeps {keeps}" if measured * held_scale(probe, self._dtype) >= lower else
+               f"no scale within [{lower:g}, {upper:g}] keeps {keeps}, so it starts at the "
+               f"lower bound")
         logger.info(f"nnabla_mpt: scale='auto' starts at {scale:g}{ranks}. Measured on this "
                     f"step's batch: the largest gradient is {largest:.4g} at scale "
-                    f"{probe:g}. {scale:g} is the largest power of two within the bounds "
-                    f"[{lower:g}, {upper:g}] of the scale that keeps the gradients "
-                    f"{MARGIN:g} times below their dtype's largest value (the lower bound "
-                    f"when none does)")
+                    f"{probe:g}; {why}")
         return scale
 
     def _probe(self, probe: float, upper: float,
