@@ -51,7 +51,8 @@ def warn_training_alone() -> None:
                    f"by {launcher}, but the updater has no communicator (comm=None): "
                    f"every rank trains alone on its own batches and the ranks' parameters "
                    f"drift apart. Pass comm=MPICommunicator() (or nnabla's communicator) "
-                   f"to train them together")
+                   f"to train them together; a process that trains alone on purpose (one a "
+                   f"rank started, which inherits {variable}) can ignore this")
 
 
 def set_current_communicator(comm: Any) -> Any:
