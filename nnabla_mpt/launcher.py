@@ -79,7 +79,7 @@ def set_current_communicator(comm: Any) -> Any:
             from nnabla_mpt import MPICommunicator, set_current_communicator
 
             comm = set_current_communicator(MPICommunicator())
-            assert current_communicator() is comm   # under any launcher
+            current_communicator() is comm   # True, under any launcher
     """
     from .communicator import MPICommunicator
     if comm is not None and not isinstance(comm, MPICommunicator):

@@ -7,20 +7,30 @@ setting is a property: an assignment is checked as the constructor checks the op
 step was built around (the communicator, the gradients it reduces, the graphs) refuses
 the assignment with an ``AttributeError`` that says what to do instead. Nothing is ignored.
 
-The values live in the updater's ``_<name>`` attributes, which the step loop reads.
+The values live in the updater's ``_<name>`` attributes, which the step loop reads, or only
+where the step reads them (the unscaler's, the policy's).
 """
 from operator import attrgetter
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from . import options
 
 
 def live(name: str, doc: str, apply: Optional[Callable[[Any, Any], None]] = None,
-         check: Optional[Callable[[Any, Any], Any]] = None) -> property:
-    """A setting that takes effect from the next ``update()``: the assignment is checked
-    by the option's check (or ``check(updater, value)``), then ``apply(updater, value)``
-    hands it to the part of the step that uses it."""
+         check: Optional[Callable[[Any, Any], Any]] = None,
+         kept: Optional[Tuple[str, str]] = None) -> property:
+    """A setting that takes effect from the next ``update()``: the assignment is refused
+    while ``update()`` runs (a feeder or a monitor assigning would mix the old and the new
+    value in the running step), checked by the option's check (or
+    ``check(updater, value)``), then ``apply(updater, value)`` hands it to the part of the
+    step that uses it. The value lives in the updater's ``_<name>``, or, with
+    ``kept=(owner, field)``, only in ``updater.<owner>.<field>`` (set there unless
+    ``apply`` sets it), the one place the step reads it from."""
     option = options.option_named(name)
+    owner, field = kept if kept is not None else (None, "_" + name)
+
+    def holder(updater: Any) -> Any:
+        return updater if owner is None else getattr(updater, owner)
 
     def assign(updater: Any, value: Any) -> None:
         if not updater._idle:      # update() holds the token: a feeder or monitor assigns
@@ -30,9 +40,12 @@ def live(name: str, doc: str, apply: Optional[Callable[[Any, Any], None]] = None
         value = option.check(name, value) if check is None else check(updater, value)
         if apply is not None:
             apply(updater, value)
-        setattr(updater, "_" + name, value)
+        if apply is None or owner is None:
+            setattr(holder(updater), field, value)
 
-    return property(attrgetter("_" + name), assign, doc=doc)
+    if owner is None:
+        return property(attrgetter(field), assign, doc=doc)
+    return property(lambda updater: getattr(holder(updater), field), assign, doc=doc)
 
 
 def fixed(name: str, doc: str, instead: str) -> property:
@@ -76,11 +89,9 @@ class UpdaterSettings:
                          "by ``accum_grad`` (assignable).", _average_accum)
     weight_decay = live("weight_decay", "Weight decay of the unscaled gradients, or None "
                         "(assignable: a weight-decay schedule takes effect from the next "
-                        "update()).",
-                        lambda updater, value: setattr(updater._unscaler, "weight_decay", value))
+                        "update()).", kept=("_unscaler", "weight_decay"))
     clip_grad_norm = live("clip_grad_norm", "The bound of the unscaled gradients' global L2 "
-                          "norm, or None (assignable).",
-                          lambda updater, value: setattr(updater._unscaler, "clip", value))
+                          "norm, or None (assignable).", kept=("_unscaler", "clip"))
     clear_buffer = live("clear_buffer", "Whether forward and backward free intermediate "
                         "buffers (assignable).")
     max_retries = live("max_retries", "Retries of a skipped step within one update() "
@@ -111,28 +122,17 @@ def _scaling_factor(updater: Any, value: float) -> None:
     policy.growth_factor = value
 
 
-def in_policy(name: str, field: str, doc: str,
-              apply: Callable[[Any, Any], None]) -> property:
-    """A setting kept by the updater's policy as ``field`` (a loaded state may change it
-    too): read from there, an assignment checked by the option's check and applied."""
-    option = options.option_named(name)
-
-    def assign(updater: Any, value: Any) -> None:
-        apply(updater, option.check(name, value))
-
-    return property(lambda updater: getattr(updater.policy, field), assign, doc=doc)
-
-
 class DynamicSettings(UpdaterSettings):
     """The settings of the dynamic updater: nnabla's ``scaling_factor`` and ``N`` as well,
     kept by its policy."""
 
-    scaling_factor = in_policy("scaling_factor", "growth_factor", "Growth factor of the "
-                               "scale (assignable; also the back-off where it is "
-                               "``1 / scaling_factor``, the default).", _scaling_factor)
-    N = in_policy("N", "growth_interval", "Consecutive good steps before the scale grows "
-                  "(assignable; a count already at the new N grows at the next good step).",
-                  lambda updater, value: updater.policy.set_growth_interval(value))
+    scaling_factor = live("scaling_factor", "Growth factor of the scale (assignable; also "
+                          "the back-off where it is ``1 / scaling_factor``, the default).",
+                          _scaling_factor, kept=("policy", "growth_factor"))
+    N = live("N", "Consecutive good steps before the scale grows (assignable; a count "
+             "already at the new N grows at the next good step).",
+             lambda updater, value: updater.policy.set_growth_interval(value),
+             kept=("policy", "growth_interval"))
 
 
 def constructor_only(name: str) -> property:

@@ -134,12 +134,10 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
         self.data_feeder = values["data_feeder"]
         self._clear_buffer = values["clear_buffer"]
         self._accum_grad = values["accum_grad"]
-        self._weight_decay = values["weight_decay"]
         self._comm = abort.updater_comm(values["comm"], values["abort_on_exception"])
         self._grads = options.exchanged_grads(values, self._params)
         self.detector = OverflowDetector(values["overflow_mode"])
         self._check_enabled = values.get("enable_overflow_check", True)
-        self._clip_grad_norm = values["clip_grad_norm"]
         self._max_retries = values["max_retries"]
         self._average_accum = values["average_accum"]
         self._average_ranks = values["average_ranks"]
@@ -153,7 +151,8 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
                             else self.shared_grads.zero)
         self._unscaler = Unscaler(solver, self._params, graph.float_context(self.loss),
                                   self.accum_grad if self.average_accum else 1,
-                                  self.clip_grad_norm, self.weight_decay, values["lr_scheduler"])
+                                  values["clip_grad_norm"], values["weight_decay"],
+                                  values["lr_scheduler"])
         self._collapse = CollapseWatch(values["floor_policy"], values["diagnose_after"],
                                        self._params, self.detector, policy,
                                        self._decider.agree_on_diagnosis, batch)

@@ -175,3 +175,19 @@ def test_a_setting_assigned_during_update_is_refused():
     assert "accum_grad = 2 refused during update()" in errors[0]
     updater.accum_grad = 2                    # between steps: taken
     assert updater.accum_grad == 2
+
+
+def test_n_assigned_during_update_is_refused_like_every_setting():
+    net = Net()
+    errors = []
+
+    def feeder():
+        net.feeder()
+        try:
+            updater.N = 1
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, feeder, N=5)
+    updater.update()
+    assert updater.N == 5 and len(errors) == 1 and "N = 1 refused during update()" in errors[0]
