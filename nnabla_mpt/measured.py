@@ -73,7 +73,7 @@ from . import graph
 from .dtypes import float_type
 from .gradient_stats import GradientStats, gradient_stats
 from .seed import held_scale
-from .scale_history import MARGIN, WATCH_EVERY, ScaleHistory, checked_state
+from .scale_history import MARGIN, WATCH_EVERY, ScaleHistory
 from .watch import RangeWatch
 
 #: How much higher each probe of ``scale="auto"`` goes while every gradient is zero.
@@ -210,9 +210,10 @@ class ScaleMeter:
                 "scale_history": self.history.state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned (``state``, checked, may hold more)."""
+        """Restores what :meth:`state_dict` returned (``state`` as
+        :func:`~nnabla_mpt.updater_state.checked` returns it: checked, may hold more)."""
         self.calibration_pending = state["calibration_pending"]
-        self.history.load(checked_state("state['scale_history']", state["scale_history"]))
+        self.history.load(state["scale_history"])
 
     def statistics(self, index: int) -> Optional[Dict[str, GradientStats]]:
         """The gradient statistics of step ``index``, on every ``stats_every``-th step."""
