@@ -1,14 +1,23 @@
 """How close to the edge does each growth mode hold the scale, and how does it come back
-after a spike? The digits MLP in float16 with a summed loss (as benchmarks/convergence.py
-builds it), ``N=5``, 200 steps, every run from the same initial parameters and batches.
+after a spike? A float16 MLP with a summed loss (built as benchmarks/convergence.py builds
+it), ``N=5``, 200 steps, every run from the same initial parameters and batches.
+
+Two models (``--model``):
+
+* ``teacher`` (the default): 64-256-256-10 on 2048 Gaussian 64-d inputs, labelled by a
+  fixed random ReLU network (so the labels can be learned). Its gradients vary from batch
+  to batch more than the digits', and one batch with a margin of 8 held the scale two
+  factors below what probing holds.
+* ``digits``: 64-64-64-10 on scikit-learn's digits, as in convergence.py.
 
 Two scenarios, each with a spike of four steps from ``--spike-at`` on, in which a quarter
-of the batch (its first 16 examples) counts many times in the loss (a per-example weight;
-multiplying the inputs instead lets the softmax saturate, and the gradients vanish):
+of the batch (its first 16 examples) is multiplied: the teacher's inputs; the digits'
+losses, by a per-example weight (multiplying the digits' inputs lets the softmax saturate,
+and the gradients vanish):
 
-* ``skipped``: 300 times. Every spike step overflows at each scale the steps back off to
+* ``skipped``: by 300. Every spike step overflows at each scale the steps back off to
   and is skipped: the model is untouched, so the scale should come back where it was.
-* ``trained``: 30 times. The first spike steps overflow, the later ones run at the lower
+* ``trained``: by 30. The first spike steps overflow, the later ones run at the lower
   scale and train on the spike: the model is disturbed.
 
 Runs, interleaved step by step (step ``i`` of each run in turn, the order alternating):
@@ -17,19 +26,19 @@ nnabla_mpt found first on the path (this checkout, or ``NNABLA_MPT_ROOT``). Each
 steps go to a JSON file (``--out``): scale, skipped, next scale, the zero and subnormal
 fractions of all the parameters' float16 gradients as the backward pass left them.
 
-``--report A.json B.json ...`` reads such files (one may come from another version of
-the package, run with ``NNABLA_MPT_ROOT`` pointing at its checkout and its runs labelled
-with ``--label``), prints per scenario and run: the highest scale probe holds without
-losing a step, the scale over the run, the skipped steps, the recovery after the spike and
-the gradient statistics; and with ``--figure PATH`` draws the scale per step of every run
-(skipped steps marked) to PATH.
+``--report A.json B.json ...`` reads such files of one model (one may come from another
+version of the package, run with ``NNABLA_MPT_ROOT`` pointing at its checkout and its runs
+labelled with ``--label``), prints per scenario and run: the highest scale probe holds
+without losing a step, the scale over the run, the skipped steps, the recovery after the
+spike and the gradient statistics; and with ``--figure PATH`` draws the scale per step of
+every run (skipped steps marked) to PATH.
 
 Usage:
-    .venv/bin/python benchmarks/measured_edge.py --out results/measured_edge_new.json
+    .venv/bin/python benchmarks/measured_edge.py [--model teacher] --out results/edge_new.json
     NNABLA_MPT_ROOT=../old .venv/bin/python benchmarks/measured_edge.py --modes measured \\
-        --label "measured (margin 8)" --out results/measured_edge_old.json
-    .venv/bin/python benchmarks/measured_edge.py --report results/measured_edge_*.json \\
-        --figure docs/_static/measured_edge.png
+        --label "measured (margin 8)" --out results/edge_old.json
+    .venv/bin/python benchmarks/measured_edge.py --report results/edge_*.json \\
+        --figure docs/_static/measured_edge_teacher.png
 """
 import argparse
 import json
@@ -58,6 +67,26 @@ from nnabla_mpt.gradient_stats import gradient_stats, overall  # noqa: E402
 
 SCENARIOS = {"skipped": 300.0, "trained": 30.0}
 QUARTER = 4           # the spike multiplies 1 / QUARTER of the batch
+
+
+def teacher(seed, n=2048, dim=64):
+    """``n`` Gaussian inputs of ``dim`` values, each labelled with the largest of the 10
+    outputs of a fixed random ReLU network (64 hidden units)."""
+    rng = np.random.RandomState(seed + 1000)
+    x = rng.randn(n, dim).astype(np.float32)
+    hidden, out = rng.randn(dim, 64), rng.randn(64, 10)
+    y = np.argmax(np.maximum(x @ hidden, 0) @ out, axis=1).astype(np.int32)[:, None]
+    return x, y
+
+
+def digits(seed):
+    x_train, _, y_train, _ = C.digits(seed)
+    return x_train, y_train
+
+
+#: Per model: its data (inputs, labels), its hidden widths, and what the spike multiplies.
+MODELS = {"teacher": dict(data=teacher, hidden=(256, 256), spike="inputs"),
+          "digits": dict(data=digits, hidden=(64, 64), spike="losses")}
 #: The scales at which the probe run's gradients are also counted, every CURVE_EVERY steps.
 CURVE_SCALES = [2.0 ** k for k in range(7, 16)]
 CURVE_EVERY = 5
@@ -74,15 +103,16 @@ class Run:
         C.set_parameters(scope, init)
         x_train, y_train = data
         factor, first = SCENARIOS[scenario], args.spike_at
+        spike, quarter = MODELS[args.model]["spike"], args.batch // QUARTER
         steps = iter(range(len(batches)))
 
         def feed():
             i = next(steps)
-            x.d, t.d = x_train[batches[i]], y_train[batches[i]]
+            inputs = x_train[batches[i]].copy()
             weights = np.ones((args.batch, 1), dtype=np.float32)
             if first <= i < first + 4:
-                weights[:args.batch // QUARTER] = factor
-            weight.d = weights
+                (inputs if spike == "inputs" else weights)[:quarter] *= factor
+            x.d, t.d, weight.d = inputs, y_train[batches[i]], weights
 
         self.steps, self.times, self.curve = [], [], {}
         self.loss, self.weight = loss, weight
@@ -138,13 +168,15 @@ def package_revision():
 
 def run_all(args):
     logger.setLevel("WARNING")
-    x_train, _, y_train, _ = C.digits(args.seed)
+    model = MODELS[args.model]
+    C.HIDDEN = model["hidden"]
+    x_train, y_train = model["data"](args.seed)
     batches = C.batch_order(len(x_train), args.batch, args.steps, args.seed)
     nn.clear_parameters()
     C.network(C.FLOAT, "init", args.batch, seed=args.seed)
     with nn.parameter_scope("init"):
         init = {k: v.d.copy() for k, v in nn.get_parameters().items()}
-    out = {"package": package_revision(), "steps": args.steps,
+    out = {"package": package_revision(), "model": args.model, "steps": args.steps,
            "interval": args.interval, "spike_at": args.spike_at, "batch": args.batch,
            "runs": []}
     for scenario in SCENARIOS:
@@ -189,53 +221,62 @@ def power(scale):
 def report(paths, figure):
     files = [json.load(open(p)) for p in paths]
     meta = files[0]
-    spike_at, interval = meta["spike_at"], meta["interval"]
+    model = meta.get("model", "digits")
+    spike_at, hidden = meta["spike_at"], MODELS[model]["hidden"]
     spike = set(range(spike_at, spike_at + 4))
     runs = [r for f in files for r in f["runs"]]
-    print(f"# digits MLP 64-64-64-10 float16, summed loss, batch {meta['batch']}, "
-          f"N={interval}, {meta['steps']} steps, scale='auto'; spike: steps "
-          f"{spike_at}..{spike_at + 3}, a quarter of the batch counting "
-          f"300 times in the loss (skipped) or 30 times (trained)")
+    print(f"# {model} MLP 64-{'-'.join(map(str, hidden))}-10 float16, summed loss, batch "
+          f"{meta['batch']}, N={meta['interval']}, {meta['steps']} steps, scale='auto'; "
+          f"spike: steps {spike_at}..{spike_at + 3}, the {MODELS[model]['spike']} of a "
+          f"quarter of the batch multiplied by 300 (skipped) or 30 (trained)")
     for f, path in zip(files, paths):
         print(f"# {os.path.basename(path)}: "
               f"{[r['label'] for r in f['runs'] if r['scenario'] == 'skipped']} "
               f"by nnabla_mpt at {f['package']}")
     for scenario in SCENARIOS:
-        mine = [r for r in runs if r["scenario"] == scenario]
-        probe = next(r for r in mine if r["label"] == "probe")
-        held = held_by_probe(probe["steps"], spike)
-        print(f"\n## {scenario} spike (x{SCENARIOS[scenario]:g}); highest scale probe holds "
-              f"without losing a step: {power(held)}")
-        print(f"{'run':<22} {'median':>7} {'min':>5} {'<held/2':>7} {'skipped steps':<34} "
-              f"{'before':>6} {'1st growth':>10} {'back in':>7} {'zeros':>7} "
-              f"{'subnorm':>7} {'ms/step':>7}")
-        for r in mine:
-            steps = r["steps"]
-            outside = [s for s in steps if s["step"] not in spike and s["step"] > 0]
-            before, first, back = recovery(steps, spike_at)
-            settled = [s for s in outside if s["step"] < spike_at or back is not None
-                       and s["step"] >= spike_at + 4 + back]
-            below = sum(s["scale"] * 2 < held for s in settled)
-            good = [s for s in steps if not s["skipped"] and s["zero"] is not None]
-            skipped = [s["step"] for s in steps if s["skipped"]]
-            print(f"{r['label']:<22} "
-                  f"{power(statistics.median(s['scale'] for s in outside)):>7} "
-                  f"{power(min(s['scale'] for s in settled)):>5} {below:>7} "
-                  f"{str(skipped):<34} {power(before):>6} "
-                  f"{'-' if first is None else power(first):>10} "
-                  f"{'-' if back is None else back:>7} "
-                  f"{statistics.fmean(s['zero'] for s in good):>7.4f} "
-                  f"{statistics.fmean(s['subnormal'] for s in good):>7.4f} "
-                  f"{r['ms_per_step']:>7.1f}")
-        print_curve(probe, mine)
+        print_scenario(scenario, [r for r in runs if r["scenario"] == scenario], spike_at)
     print("\nmedian, min: scale over the run (min: outside the spike and its recovery); "
           "<held/2: such steps more than one factor below probe's highest held scale; "
-          "before: the scale at the spike's first step; 1st growth: the scale after the "
-          "first growth point past the spike; back in: steps from the spike's end until the "
-          "scale is within one factor of 'before'; zeros, subnorm: fractions of the "
-          "parameters' float16 gradient values (good steps, mean)")
+          "<probe/2: such steps more than one factor below both that and probe's scale at "
+          "the same step; before: the scale at the spike's first step; 1st growth: the "
+          "scale after the first growth point past the spike; back in: steps from the "
+          "spike's end until the scale is within one factor of 'before'; zeros, subnorm: "
+          "fractions of the parameters' float16 gradient values (good steps, mean)")
     if figure:
         draw(runs, spike, figure)
+
+
+def print_scenario(scenario, runs, spike_at):
+    """The table of one scenario's runs (see :func:`report`), then the gradient counts."""
+    spike = set(range(spike_at, spike_at + 4))
+    probe = next(r for r in runs if r["label"] == "probe")
+    held = held_by_probe(probe["steps"], spike)
+    print(f"\n## {scenario} spike (x{SCENARIOS[scenario]:g}); highest scale probe holds "
+          f"without losing a step: {power(held)}")
+    print(f"{'run':<22} {'median':>7} {'min':>5} {'<held/2':>7} {'<probe/2':>8} "
+          f"{'skipped steps':<34} {'before':>6} {'1st growth':>10} {'back in':>7} "
+          f"{'zeros':>7} {'subnorm':>7} {'ms/step':>7}")
+    for r in runs:
+        steps = r["steps"]
+        outside = [s for s in steps if s["step"] not in spike and s["step"] > 0]
+        before, first, back = recovery(steps, spike_at)
+        settled = [s for s in outside if s["step"] < spike_at or back is not None
+                   and s["step"] >= spike_at + 4 + back]
+        below = sum(s["scale"] * 2 < held for s in settled)
+        below_probe = sum(s["scale"] * 2 < min(held, probe["steps"][s["step"]]["scale"])
+                          for s in settled)
+        good = [s for s in steps if not s["skipped"] and s["zero"] is not None]
+        skipped = [s["step"] for s in steps if s["skipped"]]
+        print(f"{r['label']:<22} "
+              f"{power(statistics.median(s['scale'] for s in outside)):>7} "
+              f"{power(min(s['scale'] for s in settled)):>5} {below:>7} {below_probe:>8} "
+              f"{str(skipped):<34} {power(before):>6} "
+              f"{'-' if first is None else power(first):>10} "
+              f"{'-' if back is None else back:>7} "
+              f"{statistics.fmean(s['zero'] for s in good):>7.4f} "
+              f"{statistics.fmean(s['subnormal'] for s in good):>7.4f} "
+              f"{r['ms_per_step']:>7.1f}")
+    print_curve(probe, runs)
 
 
 def print_curve(probe, runs):
@@ -280,7 +321,7 @@ def draw(runs, spike, path):
             lost = [(s["step"], math.log2(s["scale"])) for s in r["steps"] if s["skipped"]]
             if lost:
                 ax.plot(*zip(*lost), "x", color=color, markersize=6)
-        ax.set_title(f"{scenario} spike: a quarter of the batch counts {SCENARIOS[scenario]:g}x")
+        ax.set_title(f"{scenario} spike: a quarter of the batch x{SCENARIOS[scenario]:g}")
         ax.set_xlabel("step (x: skipped)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("log2 loss scale")
@@ -298,9 +339,10 @@ def main(argv=None):
     parser.add_argument("--interval", type=int, default=5, help="N")
     parser.add_argument("--spike-at", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", choices=sorted(MODELS), default="teacher")
     parser.add_argument("--modes", default="probe,measured")
     parser.add_argument("--label", default="", help="the label of the measured runs")
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "measured_edge.json"))
+    parser.add_argument("--out", help="default: results/measured_edge_<model>.json")
     parser.add_argument("--report", nargs="+", help="JSON files to report on")
     parser.add_argument("--figure", help="with --report: where to draw the scales")
     args = parser.parse_args(argv)
@@ -308,6 +350,7 @@ def main(argv=None):
         report(args.report, args.figure)
         return
     args.modes = args.modes.split(",")
+    args.out = args.out or os.path.join(HERE, "results", f"measured_edge_{args.model}.json")
     np.seterr(all="ignore")
     run_all(args)
 

@@ -58,7 +58,7 @@ LENGTH = 8
 WATCH_EVERY = 25
 
 #: How many passes the history needs before its spread sets the margin.
-MIN_SAMPLES = 4
+MIN_SAMPLES = 3
 
 #: How many standard deviations (of log2 of the reaches) below the mean a batch may fall.
 SPREADS = 3.0
