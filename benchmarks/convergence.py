@@ -12,7 +12,8 @@ Three runs of the same 64-64-64-10 MLP on scikit-learn's digits (8x8 images, 10 
   largest gradient on its own batch and picks the start) and ``growth_mode="measured"``
   (on the step where growth is due the backward pass is watched and the scale grows by as
   many factors as the gradients leave room for, possibly none: the room comes from a
-  history of the watched steps, which also include every ``WATCH_EVERY``-th step).
+  history of the watched steps, which also include every ``WATCH_EVERY``-th step and the
+  first ``MIN_SAMPLES``).
 
 All three start from the same initial parameters and see the same batches in the same
 order. The loss is the batch *sum* of the cross-entropies (learning rate divided by the
@@ -65,7 +66,7 @@ from nnabla.logger import logger  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from nnabla_mpt import DynamicLossScalingUpdater, LossScaleCallback  # noqa: E402
 from nnabla_mpt.measured import MARGIN  # noqa: E402
-from nnabla_mpt.scale_history import WATCH_EVERY  # noqa: E402
+from nnabla_mpt.scale_history import MIN_SAMPLES, WATCH_EVERY  # noqa: E402
 
 HIDDEN = (64, 64)
 FLOAT = get_extension_context("cpu", type_config="float")
@@ -159,6 +160,7 @@ class Contender:
         x, t, _, self.loss = network(HALF, name, args.batch, weight=weight)
         set_parameters(name, init)
         self.results, self.windows, self.times, self.due, self.losses = [], [], [], [], []
+        self.short = []         # per step: the history held fewer than MIN_SAMPLES reaches
         self.summary = LossScaleCallback(self.windows.append,
                                          interval=max(1, args.steps // 10))
         self.updater = DynamicLossScalingUpdater(
@@ -187,6 +189,8 @@ class Contender:
         """One ``update()``, timed; notes whether growth was due (the watched step in
         ``"measured"`` mode)."""
         self.due.append(self.updater.policy.growth_due)
+        self.short.append(len(self.updater.state_dict().get("scale_history", ()))
+                          < MIN_SAMPLES)
         start = time.process_time()
         self.updater.update()
         self.times.append(time.process_time() - start)
@@ -195,10 +199,10 @@ class Contender:
     @property
     def watched(self):
         """Per step: whether the backward pass was watched, for a measured growth or for
-        the history (every ``WATCH_EVERY``-th step)."""
+        the history (every ``WATCH_EVERY``-th step, and every step while it is short)."""
         measured = self.updater.policy.growth_mode == "measured"
-        return [measured and (due or (i + 1) % WATCH_EVERY == 0)
-                for i, due in enumerate(self.due)]
+        return [measured and (due or (i + 1) % WATCH_EVERY == 0 or short)
+                for i, (due, short) in enumerate(zip(self.due, self.short))]
 
     def growth_points(self):
         """``(step, scale, next scale)`` of every good step that ended a growth interval."""

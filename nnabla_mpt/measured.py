@@ -33,8 +33,9 @@ one batch cannot bound, and keeps ``MARGIN`` to its dtype's largest value.
   communicator, one such rank makes every rank wait for the next batch. Gradients finite
   at that small scale but not at the probe are an overflow: the start is ``min_scale``.
 
-* **Measured growth** (``growth_mode="measured"``). On the step where growth is due (and
-  every ``WATCH_EVERY``-th step, for the history), the backward pass is watched at the
+* **Measured growth** (``growth_mode="measured"``). On the step where growth is due (and,
+  for the history, every ``WATCH_EVERY``-th step and every step while it holds fewer than
+  ``MIN_SAMPLES`` passes), the backward pass is watched at the
   step's own scale ``s``; if the step is good, its *reach*
   (the scale at which its largest unbounded gradient would reach its dtype's largest
   value, ``s * dtype_max / max|g|``) joins a short history
@@ -73,7 +74,7 @@ from . import graph
 from .dtypes import float_type
 from .gradient_stats import GradientStats, gradient_stats
 from .seed import held_scale
-from .scale_history import MARGIN, WATCH_EVERY, ScaleHistory
+from .scale_history import MARGIN, MIN_SAMPLES, WATCH_EVERY, ScaleHistory
 from .watch import RangeWatch
 
 #: How much higher each probe of ``scale="auto"`` goes while every gradient is zero.
@@ -164,10 +165,12 @@ class ScaleMeter:
 
     def growth_watch(self, index: int) -> Optional[RangeWatch]:
         """A watch for the backward passes of step ``index`` in ``"measured"`` mode: where
-        growth is due, and every :data:`~nnabla_mpt.scale_history.WATCH_EVERY`-th step for
-        the history."""
+        growth is due, and for the history every
+        :data:`~nnabla_mpt.scale_history.WATCH_EVERY`-th step and every step while it
+        holds fewer than :data:`~nnabla_mpt.scale_history.MIN_SAMPLES` passes."""
         if getattr(self._policy, "growth_mode", None) == "measured" and (
-                self._policy.growth_due or (index + 1) % WATCH_EVERY == 0):
+                self._policy.growth_due or (index + 1) % WATCH_EVERY == 0
+                or len(self.history) < MIN_SAMPLES):
             return RangeWatch(self._loss, self._ctx)
         return None
 

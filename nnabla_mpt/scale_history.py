@@ -1,8 +1,9 @@
 """The history of measured growth: what the watched backward passes saw, and the scale it
 supports.
 
-Each watched pass of ``growth_mode="measured"`` (on a good step where growth is due, and
-on every :data:`WATCH_EVERY`-th good step) gives one *reach*: the scale at which its
+Each watched pass of ``growth_mode="measured"`` (on a good step where growth is due, on
+every :data:`WATCH_EVERY`-th good step, and on every step while the history holds fewer
+than :data:`MIN_SAMPLES`) gives one *reach*: the scale at which its
 largest gradient without a bound (a parameter's, an activation's; see
 :mod:`nnabla_mpt.measured`) would reach its dtype's largest value. A reach is relative to
 the scale the pass ran at (``s * dtype_max / max|g|``), so passes run at different scales
@@ -57,8 +58,10 @@ LENGTH = 8
 #: digits MLP), so this costs about 0.4-0.7% of a run.
 WATCH_EVERY = 25
 
-#: How many passes the history needs before its spread sets the margin.
-MIN_SAMPLES = 3
+#: How many passes the history needs before its spread sets the margin. Until it holds
+#: them every step is watched, so that the first growth point finds them (a few watched
+#: steps at the start of a run, or after a state without a history is loaded).
+MIN_SAMPLES = 4
 
 #: How many standard deviations (of log2 of the reaches) below the mean a batch may fall.
 SPREADS = 3.0

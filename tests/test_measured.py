@@ -67,11 +67,11 @@ def room_by_numpy(loss, params, scale):
 
 def room_by_history(reaches, cap, scale):
     """``R`` of measured growth after the watched passes' ``reaches``, by the rule of
-    nnabla_mpt.scale_history in NumPy: with fewer than 3 passes, the last one with the
+    nnabla_mpt.scale_history in NumPy: with fewer than 4 passes, the last one with the
     margin of one batch; else the worst of the last 8 over 2 ** (3 standard deviations of
     log2 of their reaches less the mean's distance to the worst), within [2 ** 0.5, 8];
     never below the worst of the last 2 over 8."""
-    if len(reaches) < 3:
+    if len(reaches) < 4:
         return min(cap, reaches[-1] / MARGIN) / scale
     last = np.log2(reaches[-8:])
     spread = 3 * np.std(last, ddof=1) - (last.mean() - last.min())
@@ -606,9 +606,9 @@ def test_gradients_bounded_by_the_seed_only_have_to_fit():
 
 # -- the history of measured growth ---------------------------------------------------------
 
-def _history_run(factors, steps, scale=2048.0, nan=(), feed=None, **options):
+def _history_run(factors, steps, scale=2048.0, nan=(), feed=None, N=1, **options):
     """A linear float16 net with lr=0 (its gradients depend on the batch alone) trained
-    with measured growth and N=1 (every good step a growth point) for ``steps`` steps.
+    with measured growth and ``N`` (1: every good step a growth point) for ``steps`` steps.
     Step ``i`` reads batch ``feed(i)`` (``i``) with its inputs multiplied by
     ``factors.get(i, 1)``; the batches in ``nan`` hold a NaN. Returns the updater, its
     results and a twin net that reproduces step ``i``'s batch (``twin.feed(i)``)."""
@@ -626,8 +626,28 @@ def _history_run(factors, steps, scale=2048.0, nan=(), feed=None, **options):
 
     twin.batch = batch
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, feeder,
-                                        scale=scale, N=1, growth_mode="measured", **options)
+                                        scale=scale, N=N, growth_mode="measured", **options)
     return updater, [updater.update() for _ in range(steps)], twin
+
+
+def test_the_first_steps_fill_the_history_for_the_first_growth_point():
+    # N=5: every step is watched until the history holds 4 reaches (steps 0 to 3), so the
+    # first growth point (step 4) decides from five passes by the history's rule; then
+    # only the growth points are (step 9; the 25th step is beyond the run).
+    updater, results, twin = _history_run({}, 10, scale=64.0, N=5, feed=lambda i: i % 3)
+    assert not any(r.skipped for r in results)
+    reaches, caps = [], []
+    for step in (0, 1, 2, 3, 4, 9):
+        twin.feed(step)
+        cap, reach = reach_by_numpy(twin.loss, twin.params, results[step].scale)
+        reaches.append(reach)
+        caps.append(cap)
+    assert updater.state_dict()["scale_history"] == pytest.approx(reaches, rel=1e-6)
+    room = room_by_history(reaches[:5], caps[4], 64.0)
+    assert results[3].next_scale == 64.0
+    assert results[4].next_scale == min(64.0 * 2.0 ** math.floor(math.log2(room)), 2.0 ** 15)
+    assert results[4].next_scale > 64.0 * 2.0 ** math.floor(math.log2(
+        min(caps[4], reaches[4] / MARGIN) / 64.0))         # more than one batch allows
 
 
 def test_after_a_skipped_spike_the_first_growth_point_moves_back_to_the_history():

@@ -40,11 +40,12 @@ def test_the_spike_backs_off_and_measured_growth_returns_in_one_move(run):
 
 
 def test_every_rank_keeps_the_same_history(run):
-    # One reach per good growth point (steps 2, 5, 10 and 13; the spike's 6 and 7 are
-    # skipped), the smallest over the ranks, the same bits on every rank.
+    # One reach per good step while the history holds fewer than 4 (steps 0 to 3) and per
+    # good growth point after (steps 5, 10 and 13; the spike's 6 and 7 are skipped), the
+    # smallest over the ranks, the same bits on every rank.
     n, res = run
     ref = res[0][1]["scale_history"]
-    assert len(ref) == 4 and all(r > 0 for r in ref)
+    assert len(ref) == 7 and all(r > 0 for r in ref)
     for r, (_, meta) in enumerate(res):
         assert meta["scale_history"] == ref, f"rank {r}"
 
