@@ -62,7 +62,10 @@ import nnabla as nn  # noqa: E402
 from nnabla.logger import logger  # noqa: E402
 
 from nnabla_mpt import DynamicLossScalingUpdater  # noqa: E402
-from nnabla_mpt.graph import float_context  # noqa: E402
+try:
+    from nnabla_mpt.core.graph import float_context  # noqa: E402
+except ImportError:                             # a checkout from before the folders
+    from nnabla_mpt.graph import float_context  # noqa: E402
 from nnabla_mpt.gradient_stats import gradient_stats, overall  # noqa: E402
 
 SCENARIOS = {"skipped": 300.0, "trained": 30.0}

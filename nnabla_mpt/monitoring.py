@@ -28,10 +28,10 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
-from . import _validate as check
+from .core import _validate as check
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .gradient_stats import GradientStats
+    from .scale.gradient_stats import GradientStats
     from .updater import StepResult
 
 
@@ -213,7 +213,7 @@ class LossScaleMonitor(LossScaleCallback):
         values = [("scale", stats.scale), ("skipped-steps", stats.total_skipped),
                   ("overflow-rate", stats.overflow_rate)]
         if stats.gradient_stats:
-            from .gradient_stats import overall
+            from .scale.gradient_stats import overall
             together = overall(stats.gradient_stats)
             values += [("gradient-zero-fraction", together.zero_fraction),
                        ("gradient-subnormal-fraction", together.subnormal_fraction),

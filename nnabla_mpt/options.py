@@ -16,13 +16,14 @@ from typing import (Any, Callable, Dict, List, Literal, Mapping, Optional, Seque
 import nnabla as nn
 from nnabla.logger import logger
 
-from . import _validate as check
-from . import graph, launcher
-from .detector import OverflowMode
-from .dtypes import FloatType
-from .feeder import checked_feeder
-from .policy import GROWTH_MODES, DynamicLossScale, FixedLossScale, GrowthMode
-from .precision import PrecisionSchedule
+from .core import _validate as check
+from .core import graph
+from .core.dtypes import FloatType
+from .distributed import launcher
+from .scale.policy import GROWTH_MODES, DynamicLossScale, FixedLossScale, GrowthMode
+from .scale.precision import PrecisionSchedule
+from .step.detector import OverflowMode
+from .step.feeder import checked_feeder
 
 FloorPolicy = Literal["raise", "warn", "ignore"]
 
@@ -140,7 +141,7 @@ def _scale_or_auto(name: str, value: Any) -> Any:
 #: What a scale the loss's dtype rounds does, said by both updaters' ``scale``.
 _ROUNDED = (" A scale the loss's dtype holds only rounded (3000.7 is 3000 in float16) seeds "
             "the pass rounded, and the gradients are divided by that rounded value "
-            "(:func:`~nnabla_mpt.seed.held_scale`).")
+            "(:func:`~nnabla_mpt.scale.seed.held_scale`).")
 
 SCALE = Option(
     "scale", 8.0, Union[float, Literal["auto"]],
@@ -229,7 +230,7 @@ COMMON = (
            "Precision schedule ``\"TYPE|TRIGGER|VALUE\"``, e.g. ``\"fast|step|0.9\"``: "
            "reduced precision (``loss``) first, then full precision "
            "(``high_precision_loss``, run with scale 1 and the overflow check kept). See "
-           ":mod:`nnabla_mpt.precision`.", _with_the_schedule),
+           ":mod:`nnabla_mpt.scale.precision`.", _with_the_schedule),
     Option("total_steps", None, Optional[int],
            "Total steps of the run, for the ``step`` trigger.", _with_the_schedule),
     Option("final_loss", None, Optional[float],
@@ -241,7 +242,7 @@ COMMON = (
            "What to do when the loss scale collapses, i.e. when the overflow streak "
            "reaches ``diagnose_after`` or a step overflows at ``min_scale`` (a fixed scale "
            "has no floor): the updater replays the last batch with "
-           ":func:`nnabla_mpt.diagnosis.diagnose` and ``\"raise\"`` (default) raises "
+           ":func:`nnabla_mpt.diagnosis.diagnosis.diagnose` and ``\"raise\"`` (default) raises "
            ":class:`~nnabla_mpt.LossScaleCollapseError` carrying the report; "
            "``\"warn\"`` logs the report once (``logger.warning``) and keeps skipping; "
            "``\"ignore\"`` does neither (and runs no diagnosis). The report is kept in "
@@ -559,7 +560,7 @@ def backward_reduction(values: Mapping[str, Any], losses: Sequence["nn.Variable"
     if comm is None:
         raise ValueError(f"all_reduce_callback={pack!r} needs a communicator (comm=...): it "
                          f"reduces the gradients over the ranks inside the backward pass")
-    from .communicator import MPICommunicator
+    from .distributed.communicator import MPICommunicator
     if isinstance(comm, MPICommunicator):
         logger.info(f"nnabla_mpt: all_reduce_callback={pack!r}: MPICommunicator reduces the "
                     f"gradients after the backward pass (a CPU all-reduce cannot run inside "
@@ -593,7 +594,7 @@ def exchanged_grads(values: Mapping[str, Any],
     (a parameter left out would train on this rank's gradients alone, and the ranks'
     parameters would drift apart). Without a communicator, in a process a launcher
     started as one of several, a warning says that every rank trains alone
-    (:func:`~nnabla_mpt.launcher.warn_training_alone`); a non-empty ``grads`` is
+    (:func:`~nnabla_mpt.distributed.launcher.warn_training_alone`); a non-empty ``grads`` is
     accepted (as nnabla's updater accepts it) with a warning that it is ignored, and
     ``[]`` silently."""
     grads, comm = values["grads"], values["comm"]

@@ -4,22 +4,22 @@ One call of ``update()`` runs the step (:meth:`_LossScalingUpdater.update`)::
 
     zero the gradients
     accum_grad times: feed a batch, forward (with outputs=), backward with
-                  the loss scale                                              step_loss.py
-    decide:       all-reduce (with a communicator), check for overflow      agreement.py
-                  unscale, clip; a gradient norm not finite is an overflow  unscale.py
-    good step:    weight decay, the scheduled learning rate, solver.update() unscale.py
+                  the loss scale                                           step/step_loss.py
+    decide:       all-reduce (with a communicator), check for overflow distributed/agreement.py
+                  unscale, clip; a gradient norm not finite is an overflow   step/unscale.py
+    good step:    weight decay, the scheduled learning rate, solver.update() step/unscale.py
     skipped step: parameters and solver states stay as they are
     tell the policy: the scale backs off or grows (measured growth:
-                  from the history of watched passes)          policy.py, measured.py
-    after a skip: on a collapse, diagnose and act by floor_policy             collapse.py
+                  from the history of watched passes)     scale/policy.py, scale/measured.py
+    after a skip: on a collapse, diagnose and act by floor_policy           step/collapse.py
 
 Settings a script changes between steps take effect from the next step
 (:mod:`nnabla_mpt.settings`).
 
 Both updaters run this loop; they differ in the policy that sets the scale and in their
 arguments (``options.DYNAMIC``, ``options.FIXED``). Checkpoint files are written and read
-by :mod:`nnabla_mpt.checkpoint`; what a valid updater state is, :mod:`nnabla_mpt.updater_state`
-says.
+by :mod:`nnabla_mpt.files.checkpoint`; what a valid updater state is,
+:mod:`nnabla_mpt.updater_state` says.
 """
 import math
 import sys
@@ -29,18 +29,21 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import nnabla as nn
 from nnabla.logger import logger
 
-from . import abort, agreement, checkpoint, graph, options, settings, updater_state
-from .collapse import CollapseAttributes, CollapseWatch
-from .detector import BatchCheck, OverflowDetector, overflow_check
-from .dtypes import FloatType
-from .feeder import DataFeeder
-from .gradient_stats import GradientStats
-from .measured import ScaleMeter
-from .seed import BackwardSeed
+from . import options, settings, updater_state
+from .core import graph
+from .core.dtypes import FloatType
+from .diagnosis.watch import RangeWatch
+from .distributed import abort, agreement
+from .files import checkpoint
+from .scale.gradient_stats import GradientStats
+from .scale.measured import ScaleMeter
+from .scale.seed import BackwardSeed
 from .settings import DynamicSettings, UpdaterSettings
-from .step_loss import LossRecorder, StepLosses
-from .unscale import Unscaler
-from .watch import RangeWatch
+from .step.collapse import CollapseAttributes, CollapseWatch
+from .step.detector import BatchCheck, OverflowDetector, overflow_check
+from .step.feeder import DataFeeder
+from .step.step_loss import LossRecorder, StepLosses
+from .step.unscale import Unscaler
 
 
 @dataclass(frozen=True, init=False)
@@ -54,7 +57,7 @@ class StepResult:
             while the gradients are finite does not skip the step.
         scale: The loss scale the step ran with, the policy's. The backward pass's seed
             holds it rounded to the loss's dtype (3000.7 is 3000.0 in float16,
-            :func:`~nnabla_mpt.seed.held_scale`), and the gradients are divided by
+            :func:`~nnabla_mpt.scale.seed.held_scale`), and the gradients are divided by
             that held value.
         next_scale: The loss scale of the next step.
         attempts: Steps this call ran: 1, or more in retry mode.
@@ -105,12 +108,12 @@ class StepResult:
 class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.StepCounters):
     """The training step shared by every updater; see the subclasses. The attributes of
     the collapse handling (``floor_policy``, ``overflow_streak``, ``bad_batches``, ...)
-    come from :class:`~nnabla_mpt.collapse.CollapseAttributes`.
+    come from :class:`~nnabla_mpt.step.collapse.CollapseAttributes`.
 
     Args:
         solver, loss: As the updaters take them.
         make_policy: ``dtype -> policy``: the loss-scale policy, given the
-            :class:`~nnabla_mpt.dtypes.FloatType` of the loss, whose values bound the
+            :class:`~nnabla_mpt.core.dtypes.FloatType` of the loss, whose values bound the
             scales ``loss.backward(scale)`` can seed.
         values: The checked values of the updater's options (``UpdaterSignature.bind``).
     """
@@ -379,7 +382,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
         Written beside ``path`` as ``.<name>.tmp`` (a killed save's is replaced), flushed
         and renamed over ``path``: a crash leaves the previous checkpoint or the new one.
         A new file gets the umask's permissions, an existing one keeps its own, a
-        symlink's target is replaced. The format: :mod:`nnabla_mpt.checkpoint`.
+        symlink's target is replaced. The format: :mod:`nnabla_mpt.files.checkpoint`.
 
         Raises:
             TypeError, ValueError: ``path`` is not a path (not a str or PathLike, '', NUL).

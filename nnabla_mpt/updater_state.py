@@ -4,7 +4,7 @@ state replaces.
 
 The updater builds the state (``state_dict()``) and applies it (``load_state_dict()``);
 this module says what a valid state is. The policy's and the precision schedule's parts
-are theirs to check (:mod:`nnabla_mpt.policy`, :mod:`nnabla_mpt.precision`).
+are theirs to check (:mod:`nnabla_mpt.scale.policy`, :mod:`nnabla_mpt.scale.precision`).
 """
 import copy
 from operator import attrgetter
@@ -12,10 +12,10 @@ from typing import Any, Dict, Mapping, Tuple
 
 from nnabla.logger import logger
 
-from . import _validate as check
 from . import options
-from .dtypes import FloatType
-from .scale_history import checked_state
+from .core import _validate as check
+from .core.dtypes import FloatType
+from .scale.scale_history import checked_state
 
 #: The current version: 1 had no ``bad_batches``, 2 no ``calibration_pending``, 3 no
 #: ``scale_history``.

@@ -1,6 +1,8 @@
 """The code blocks of the documentation pages, as the tests that run them read them."""
 import pathlib
 import re
+import subprocess
+import sys
 import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -39,3 +41,13 @@ def page_blocks(page: pathlib.Path, language: str = "python"):
     """The ``language`` blocks of a docs page (``.rst``) or of the README (``.md``)."""
     text = page.read_text(encoding="utf-8")
     return md_blocks(text, language) if page.suffix == ".md" else rst_blocks(text, language)
+
+
+def run_blocks(blocks, folder: pathlib.Path, name: str):
+    """Run code blocks in order as one script ``<folder>/<name>.py``, in a fresh
+    interpreter started in ``folder``, as a reader would paste them; the CompletedProcess
+    (``stdout`` and ``stderr`` as text)."""
+    script = folder / f"{name}.py"
+    script.write_text("\n\n".join(blocks), encoding="utf-8")
+    return subprocess.run([sys.executable, str(script)], cwd=folder, capture_output=True,
+                          text=True, timeout=300)

@@ -21,6 +21,16 @@ def _mpich_segments():
     return set(SHM.glob("mpich_shm_*")) if SHM.is_dir() else set()
 
 
+def worker_env(environ):
+    """``environ`` for a worker: this checkout's package and the workers' helpers first on
+    the path, one OpenMP thread unless it says otherwise."""
+    env = dict(environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(WORKERS), str(WORKERS.parent.parent)] + [environ.get("PYTHONPATH", "")])
+    return env
+
+
 def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
     """Launch ``mpiexec -n n python mpi_workers/<worker> <outdir> <args...>``.
 
@@ -31,10 +41,7 @@ def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
     """
     if not MPIEXEC.exists():
         raise RuntimeError(f"mpiexec not found next to {sys.executable}: {MPIEXEC}")
-    full_env = dict(os.environ)
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        [str(WORKERS), str(WORKERS.parent.parent)] + [full_env.get("PYTHONPATH", "")])
+    full_env = worker_env(os.environ)
     if env:
         full_env.update(env)
     script = WORKERS / worker  # an absolute path stays as it is
@@ -72,20 +79,23 @@ def check_ok(result):
                              f"{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}")
 
 
-def run_workers_once(n, worker, tmp_path_factory):
-    """Run ``mpi_workers/<worker>`` under ``n`` ranks into a fresh folder; per-rank results
-    (see :func:`load_ranks`). For module-scoped fixtures shared by several tests."""
-    outdir = tmp_path_factory.mktemp(f"{worker.rsplit('.', 1)[0]}_np{n}")
-    check_ok(run_mpi(n, worker, outdir))
+def run_ranks(n, worker, outdir, *args, **kwargs):
+    """Run ``mpi_workers/<worker> <outdir> <args...>`` under ``n`` ranks (:func:`run_mpi`),
+    fail if the job does not exit cleanly, and return the per-rank results
+    (:func:`load_ranks`)."""
+    check_ok(run_mpi(n, worker, outdir, *args, **kwargs))
     return load_ranks(outdir, n)
 
 
-def ranks_fixture(worker):
-    """A module-scoped fixture running ``mpi_workers/<worker>`` once for each of
-    :data:`RANKS`; its value is ``(n, per-rank results)`` (see :func:`load_ranks`)."""
-    @pytest.fixture(scope="module", params=RANKS, ids=lambda n: f"np{n}")
+def ranks_fixture(worker, *args, ranks=RANKS):
+    """A module-scoped fixture running ``mpi_workers/<worker> <outdir> <args...>`` once for
+    each rank count of ``ranks`` into a fresh folder, for the tests that share the run; its
+    value is ``(n, per-rank results)`` (see :func:`load_ranks`)."""
+    @pytest.fixture(scope="module", params=ranks, ids=lambda n: f"np{n}")
     def run(request, tmp_path_factory):
-        return request.param, run_workers_once(request.param, worker, tmp_path_factory)
+        n = request.param
+        outdir = tmp_path_factory.mktemp(f"{worker.rsplit('.', 1)[0]}_np{n}")
+        return n, run_ranks(n, worker, outdir, *args)
     return run
 
 

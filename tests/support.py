@@ -171,3 +171,52 @@ def run_steps(updater, steps: int):
         r = updater.update()
         out.append((r.step, r.skipped, r.scale, r.next_scale))
     return out
+
+
+# -- the precision-schedule case, shared by test_precision.py and test_nccl_like.py -------
+BATCH = 8
+
+
+def batch_for(step):
+    rng = np.random.RandomState(1000 + step)
+    x = rng.randn(BATCH, 4).astype(np.float32)
+    t = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], dtype=np.float32)).astype(np.float32)
+    return x, t
+
+
+def build(seed=0):
+    """Two graphs of one network, half and float, sharing parameters by name."""
+    nn.clear_parameters()
+    nn.seed(seed)
+    x = nn.Variable((BATCH, 4))
+    t = nn.Variable((BATCH, 1))
+
+    def net(ctx):
+        with nn.context_scope(ctx), nn.parameter_scope("net"):
+            h = F.tanh(PF.affine(x, 8, name="fc1"))
+            y = PF.affine(h, 1, name="fc2")
+            return F.mean(F.squared_error(y, t))
+
+    loss_half = net(context("half"))
+    loss_float = net(context("float"))
+    with nn.context_scope(context("half")):
+        solver = S.Adam(0.02)
+    solver.set_parameters(nn.get_parameters())
+    return x, t, loss_half, loss_float, solver
+
+
+def make_updater(mode="fast|step|0.8", total=50, final_loss=None, scale=2.0 ** 14, **kw):
+    from nnabla_mpt import DynamicLossScalingUpdater
+    x, t, loss_half, loss_float, solver = build()
+    holder = {}
+
+    def feed():
+        xs, ts = batch_for(holder["u"].steps)
+        x.d, t.d = xs, ts
+
+    u = DynamicLossScalingUpdater(solver, loss_half, feed, scale=scale, N=4,
+                                  accelerate_train_mode=mode,
+                                  total_steps=total if "step" in mode else None,
+                                  final_loss=final_loss, high_precision_loss=loss_float, **kw)
+    holder["u"] = u
+    return u, (x, t, loss_half, loss_float, solver)

@@ -15,24 +15,29 @@ MAX_UPDATER_LINES = 550
 
 
 def page_modules():
-    """The modules the page's module table names (``* - ``name.py````)."""
+    """The modules the page's module table names (``* - ``scale/policy.py````)."""
     text = PAGE.read_text(encoding="utf-8")
     table = text[text.index("Modules\n-------"):text.index("One ``update()``")]
-    return re.findall(r"^   \* - ``([\w]+\.py)``$", table, re.M)
+    return re.findall(r"^   \* - ``([\w/]+\.py)``$", table, re.M)
+
+
+def package_modules():
+    """Every module of the package by its path in ``nnabla_mpt/`` (``scale/policy.py``)."""
+    return sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py"))
 
 
 def test_the_page_lists_every_module_once():
     listed = page_modules()
     assert len(listed) == len(set(listed)), sorted(listed)
-    assert sorted(listed) == sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert sorted(listed) == package_modules()
 
 
 def sizes():
-    for path in sorted(PACKAGE.glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+    for name in package_modules():
+        tree = ast.parse((PACKAGE / name).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                yield path.name, node, node.end_lineno - node.lineno + 1
+                yield name, node, node.end_lineno - node.lineno + 1
 
 
 def test_functions_and_classes_fit_on_a_page():
@@ -48,13 +53,106 @@ def test_the_step_loop_module_stays_one_page_of_modules():
     assert lines <= MAX_UPDATER_LINES
 
 
-@pytest.mark.parametrize("name", ["updater.py", "options.py", "agreement.py", "collapse.py",
-                                  "checkpoint.py", "atomic_file.py", "unscale.py"])
+@pytest.mark.parametrize("name", ["updater.py", "options.py", "distributed/agreement.py",
+                                  "step/collapse.py", "files/checkpoint.py",
+                                  "files/atomic_file.py", "step/unscale.py"])
 def test_the_step_loop_has_no_file_io_outside_the_checkpoint_modules(name):
     source = (PACKAGE / name).read_text(encoding="utf-8")
-    if name == "checkpoint.py":
+    if name == "files/checkpoint.py":
         assert "zipfile" in source and not re.search(r"\b(tempfile|fsync)\b", source)
-    elif name == "atomic_file.py":
+    elif name == "files/atomic_file.py":
         assert "fsync" in source and "flock" in source and "zipfile" not in source
     else:
         assert not re.search(r"\b(zipfile|tempfile|fsync|flock)\b", source), name
+
+
+# -- the folders are layers ------------------------------------------------------------------
+
+FOLDERS = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+STEP_LOOP = {"nnabla_mpt.updater", "nnabla_mpt.options", "nnabla_mpt.settings"}
+
+
+def declared_imports(folder):
+    """The folders ``folder`` may import, as the one line of its ``__init__.py`` says:
+    ``...; may import core, diagnosis.`` or ``...; imports no other folder.``"""
+    doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text("utf-8")))
+    assert doc and "\n" not in doc, f"{folder}/__init__.py: a one-line docstring"
+    if doc.endswith("; imports no other folder."):
+        return set()
+    declared = re.search(r"; may import ([a-z_]+(?:, [a-z_]+)*)\.$", doc)
+    assert declared, f"{folder}/__init__.py does not say which folders it may import: {doc}"
+    return set(declared.group(1).split(", "))
+
+
+def imported_modules(module, source):
+    """The modules of the package that ``source`` (the module ``nnabla_mpt.<module>``)
+    imports anywhere, in functions too: ``from ..core import graph`` is
+    ``nnabla_mpt.core.graph``."""
+    package = module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = ["nnabla_mpt"] + package[:len(package) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            found.update(f"{target}.{alias.name}" if not node.module else target
+                         for alias in node.names)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else \
+                [alias.name for alias in node.names]
+            found.update(n for n in names if n == "nnabla_mpt" or n.startswith("nnabla_mpt."))
+    return found
+
+
+def layering_errors(folder, module, source):
+    """The imports of ``source`` (the module ``nnabla_mpt.<folder>.<module>``) that its
+    folder may not make: the step loop, the top of the package, undeclared folders."""
+    allowed = declared_imports(folder) | {folder}
+    errors = []
+    for target in sorted(imported_modules(f"{folder}.{module}", source)):
+        parts = target.split(".")
+        if target in STEP_LOOP or len(parts) < 3 and parts[-1] not in FOLDERS:
+            errors.append(f"{folder}/{module}.py imports the top: {target}")
+        elif parts[1] not in allowed:
+            errors.append(f"{folder}/{module}.py imports {target}, not declared by {folder}")
+    return errors
+
+
+def test_the_top_of_the_package_stays_small():
+    entries = [p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"]
+    assert len(entries) <= 12, sorted(entries)
+    assert FOLDERS == ["core", "diagnosis", "distributed", "files", "scale", "step"]
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_a_folder_imports_only_the_folders_it_declares(folder):
+    errors = [error for path in sorted((PACKAGE / folder).glob("*.py"))
+              for error in layering_errors(folder, path.stem, path.read_text("utf-8"))]
+    assert not errors
+
+
+def test_the_declared_layers_have_no_circle():
+    declared = {folder: declared_imports(folder) for folder in FOLDERS}
+    assert all(set(uses) <= set(FOLDERS) for uses in declared.values()), declared
+    order = []                      # every folder after the folders it may import
+    while len(order) < len(FOLDERS):
+        ready = [f for f in FOLDERS if f not in order and declared[f] <= set(order)]
+        assert ready, f"a circle among {sorted(set(FOLDERS) - set(order))}: {declared}"
+        order += ready
+    assert order.index("core") == 0
+
+
+@pytest.mark.parametrize("folder,source", [
+    ("core", "from ..scale import policy\n"),                 # an undeclared folder
+    ("scale", "def f():\n    from ..updater import StepResult\n"),   # the loop, lazily
+    ("scale", "from .. import options\n"),                     # the loop's options
+    ("step", "from ..settings import UpdaterSettings\n"),
+    ("files", "import nnabla_mpt.updater_state\n"),             # the top, by its full name
+    ("diagnosis", "from nnabla_mpt.distributed import communicator\n"),
+])
+def test_the_layering_check_finds_a_forbidden_import(folder, source):
+    assert layering_errors(folder, "added", source)
+
+
+def test_the_layering_check_accepts_the_declared_imports():
+    assert not layering_errors("scale", "added", "from ..core import graph\n"
+                               "from ..diagnosis.watch import RangeWatch\nfrom . import seed\n")

@@ -5,12 +5,10 @@ in one fresh interpreter, as a reader would paste them. Docstring examples run a
 """
 import doctest
 import importlib
-import subprocess
-import sys
 
 import pytest
 
-from doc_pages import ROOT, md_blocks, page_blocks, rst_blocks
+from doc_pages import ROOT, md_blocks, page_blocks, rst_blocks, run_blocks
 
 PAGES = sorted((ROOT / "docs").glob("*.rst")) + [ROOT / "README.md"]
 
@@ -25,11 +23,9 @@ def test_block_extraction_sees_code():
 @pytest.mark.parametrize("page", [p for p in PAGES if page_blocks(p)],
                          ids=lambda p: p.name)
 def test_page_examples_run(page, tmp_path):
-    script = "\n\n".join(page_blocks(page))
-    path = tmp_path / (page.stem + "_examples.py")
-    path.write_text(script, encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    blocks = page_blocks(page)
+    script = "\n\n".join(blocks)
+    proc = run_blocks(blocks, tmp_path, page.stem + "_examples")
     assert proc.returncode == 0, (f"examples of {page.name} failed:\n{proc.stdout[-3000:]}\n"
                                   f"{proc.stderr[-3000:]}")
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -43,9 +39,9 @@ def test_page_examples_run(page, tmp_path):
                                           f"{proc.stdout[-3000:]}")
 
 
-MODULES = ["nnabla_mpt.policy", "nnabla_mpt.detector", "nnabla_mpt.updater",
-           "nnabla_mpt.scale_history",
-           "nnabla_mpt.diagnosis", "nnabla_mpt.monitoring", "nnabla_mpt.seed"]
+MODULES = ["nnabla_mpt.scale.policy", "nnabla_mpt.step.detector", "nnabla_mpt.updater",
+           "nnabla_mpt.scale.scale_history",
+           "nnabla_mpt.diagnosis.diagnosis", "nnabla_mpt.monitoring", "nnabla_mpt.scale.seed"]
 
 
 @pytest.mark.parametrize("name", MODULES)

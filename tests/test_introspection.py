@@ -12,10 +12,14 @@ from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
 from support import Net
 
 COUNTERS = ("steps", "updates", "skipped_steps")
-DOCUMENTED_SUBMODULES = sorted(set(re.findall(
-    r"nnabla_mpt\.([a-z_]+)\.", (ROOT / "docs" / "api.rst").read_text(encoding="utf-8"))
-    + re.findall(r"automodule:: nnabla_mpt\.([a-z_]+)",
-                 (ROOT / "docs" / "api.rst").read_text(encoding="utf-8"))))
+API = (ROOT / "docs" / "api.rst").read_text(encoding="utf-8")
+# The submodules the API page documents, by their paths in the package (``scale.policy``):
+# the modules of its ``automodule`` and of the functions and data it shows by full name.
+DOCUMENTED_PATHS = sorted(set(
+    re.findall(r"^\.\. auto(?:function|data):: nnabla_mpt\.([\w.]+)\.\w+$", API, re.M)
+    + re.findall(r"^\.\. automodule:: nnabla_mpt\.([\w.]+)$", API, re.M)))
+# ... and the short names a script imports them by (``nnabla_mpt.policy``).
+DOCUMENTED_SUBMODULES = sorted(path.rpartition(".")[2] for path in DOCUMENTED_PATHS)
 
 
 @pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
@@ -64,10 +68,37 @@ def test_dir_of_the_package_shows_the_public_api_and_the_documented_submodules()
     assert "Any" not in names and "importlib" not in names
     assert {"updater", "communicator", "dtypes"}.isdisjoint(names)
     assert "__version__" in names
-    for name in DOCUMENTED_SUBMODULES:
-        assert getattr(nnabla_mpt, name).__name__ == f"nnabla_mpt.{name}"
+    for path in DOCUMENTED_PATHS:
+        name = path.rpartition(".")[2]
+        assert getattr(nnabla_mpt, name).__name__ == f"nnabla_mpt.{path}"
 
 
 def test_documented_submodules_are_found_in_the_api_page():
-    assert DOCUMENTED_SUBMODULES == ["gradient_stats", "launcher", "measured", "monitoring",
-                                     "nnabla_api", "policy", "precision", "seed"]
+    assert DOCUMENTED_PATHS == ["distributed.launcher", "distributed.nnabla_api", "monitoring",
+                                "scale.gradient_stats", "scale.measured", "scale.policy",
+                                "scale.precision", "scale.seed"]
+
+
+SHORT_PATHS = """
+import sys
+import nnabla_mpt.policy
+from nnabla_mpt.policy import SCALE_LIMIT
+assert "nnabla" not in sys.modules            # the short path loads what the module needs
+import nnabla_mpt.measured, nnabla_mpt.launcher as launcher
+from nnabla_mpt.seed import held_scale
+for short, path in [("policy", "scale.policy"), ("measured", "scale.measured"),
+                    ("launcher", "distributed.launcher"), ("seed", "scale.seed")]:
+    module = sys.modules[f"nnabla_mpt.{path}"]
+    assert sys.modules[f"nnabla_mpt.{short}"] is module is getattr(nnabla_mpt, short)
+    assert module.__name__ == module.__spec__.name == f"nnabla_mpt.{path}"
+assert SCALE_LIMIT is nnabla_mpt.scale.policy.SCALE_LIMIT
+assert held_scale is nnabla_mpt.scale.seed.held_scale and launcher is nnabla_mpt.launcher
+"""
+
+
+def test_documented_submodules_import_by_their_short_paths_as_the_same_modules():
+    """``import nnabla_mpt.policy`` and ``from nnabla_mpt.policy import ...`` of a documented
+    submodule that lives in a folder give the module of the folder, not a copy."""
+    proc = subprocess.run([sys.executable, "-c", SHORT_PATHS], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

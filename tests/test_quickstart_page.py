@@ -1,8 +1,5 @@
 """The output shown on docs/quickstart.rst is what its training loop prints today."""
-import subprocess
-import sys
-
-from doc_pages import ROOT, rst_blocks
+from doc_pages import ROOT, rst_blocks, run_blocks
 
 PAGE = ROOT / "docs" / "quickstart.rst"
 
@@ -11,10 +8,7 @@ def test_shown_output_is_what_the_training_loop_prints(tmp_path):
     text = PAGE.read_text(encoding="utf-8")
     code, shown = rst_blocks(text, "python"), rst_blocks(text, "text")
     assert len(code) == 2 and len(shown) == 1
-    script = tmp_path / "quickstart_loop.py"
-    script.write_text(code[0], encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_blocks(code[:1], tmp_path, "quickstart_loop")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip("\n") == shown[0]
     # The prose explains these lines: a measured start, measured growth, nothing skipped.
@@ -24,10 +18,7 @@ def test_shown_output_is_what_the_training_loop_prints(tmp_path):
 
 def test_checkpoint_example_runs_alone_and_resumes_exactly(tmp_path):
     code = rst_blocks(PAGE.read_text(encoding="utf-8"), "python")[1]
-    script = tmp_path / "quickstart_resume.py"
-    script.write_text(code, encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_blocks([code], tmp_path, "quickstart_resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed at step 15, scale" in proc.stdout
     assert "the resumed run ends exactly where the uninterrupted run ends" in proc.stdout

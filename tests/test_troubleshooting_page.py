@@ -1,8 +1,5 @@
 """The reports shown on docs/troubleshooting.rst are what its code prints today."""
-import subprocess
-import sys
-
-from doc_pages import ROOT, rst_blocks
+from doc_pages import ROOT, rst_blocks, run_blocks
 
 PAGE = ROOT / "docs" / "troubleshooting.rst"
 
@@ -11,10 +8,7 @@ def test_shown_reports_match_the_output_of_the_page_code(tmp_path):
     text = PAGE.read_text(encoding="utf-8")
     code, shown = rst_blocks(text, "python"), rst_blocks(text, "text")
     assert len(code) >= 5 and len(shown) == 2
-    script = tmp_path / "troubleshooting.py"
-    script.write_text("\n\n".join(code), encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_blocks(code, tmp_path, "troubleshooting")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for report in shown:
         assert report.startswith("Loss-scale diagnosis: ")

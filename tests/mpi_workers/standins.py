@@ -20,7 +20,7 @@ class NcclLikeCommunicator:
       ``"float32"``: from a float one), sums it over the ranks in that dtype (in float16,
       rounding at each add, beyond 65504 inf), ``division=True`` divides that sum by the
       number of ranks (NCCL's average may scale before it sums; the updaters' own values
-      come through exactly either way, see ``nnabla_mpt.exchange``);
+      come through exactly either way, see ``nnabla_mpt.distributed.exchange``);
     * per array one blocking MPI check (counted in ``n_checks``), then one NCCL all-reduce
       per array in place, one for all of them out of place (counted in ``n_nccl``);
     * ``abort()`` is ``MPI_Abort``.

@@ -1,0 +1,1 @@
+"""Argument checks, dtype facts, loss graphs, host arrays, gradient sums; imports no other folder."""

@@ -1,0 +1,385 @@
+"""The step's decision, "skip or update", made alike on every rank.
+
+One process decides from its own gradients (:class:`LocalDecision`). With a
+communicator, :class:`StepAgreement` makes the decision from the reduced gradients, which
+every rank holds bit for bit alike, so every rank takes the same branch:
+
+1. the flags travel at the end of the gradients' all-reduce (this rank's own overflow
+   where it checks before the reduce, its loss; exactly, whatever dtype the communicator
+   reduces in: :mod:`nnabla_mpt.distributed.exchange`): one collective a step (:func:`_transport`);
+2. the reduced gradients are checked (each rank checks the same values);
+3. on a skipped step only, one more small all-reduce carries two votes: whether some
+   rank's loss was non-finite, and whether some rank's batch held inf/NaN (a bad batch);
+   either keeps the scale. When a collapse is diagnosed, one more combines the ranks'
+   diagnoses (:meth:`StepAgreement.agree_on_diagnosis`).
+
+Why the votes follow the reduce instead of riding in it: a rank learns that the step is
+skipped only from the reduced gradients, and reading the batch or the loss on every step
+to fill a flag in advance would cost every good step (a host read per input). Every rank
+knows the step was skipped alike, so every rank joins the vote alike: no collective is
+added to a good step, and a skipped step takes exactly one more.
+
+The reduced gradients hold inf/NaN whenever one rank's gradients do (inf and NaN survive
+a sum), so on a good step the gradients are read once, after the reduce (``grads``, when
+given, must cover every parameter: the updater refuses them otherwise). One case also needs
+each rank's own check before the reduce, carried in the flags: the saturation mode (a
+saturated value can sum back below the threshold).
+"""
+import hashlib
+import math
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+import nnabla as nn
+from nnabla.logger import logger
+
+from ..core import graph
+from ..step.detector import BatchCheck
+from ..step.step_loss import StepLosses
+from . import exchange
+from .packed import PackedArrays
+
+
+#: What the check of one step found, ``(overflow, loss_nonfinite, bad_batch)``: skip the
+#: step (the reduced gradients overflowed); on a skipped step, whether some micro-batch's
+#: loss (on some rank) was itself non-finite, and whether some rank's batch held inf/NaN
+#: (:class:`~nnabla_mpt.step.detector.BatchCheck`): either way a smaller scale cannot help and
+#: the scale is kept.
+Decision = Tuple[bool, bool, bool]
+
+
+class LocalDecision:
+    """The decision of a single process: its own gradients' check.
+
+    Args:
+        check: The overflow check of the solver's gradients, or None when checking is
+            off (the step always updates); kept as the attribute ``check``.
+        batch: The check of a skipped step's batch (:class:`~nnabla_mpt.step.detector.BatchCheck`).
+    """
+
+    #: No reduction runs inside the backward pass (see :class:`StepAgreement`).
+    in_backward = None
+    #: No all-reduce (see :class:`StepAgreement`).
+    reduction = None
+
+    def __init__(self, check: Optional[Callable[[], bool]], batch: BatchCheck) -> None:
+        self.check = check
+        self._batch = batch
+
+    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Decision:
+        """Checks the step's gradients; on overflow only, reads the step's ``losses``."""
+        if self.check is None or not self.check():
+            return False, False, False
+        return True, not math.isfinite(losses.total()), bool(self._batch.nonfinite(loss))
+
+    def agree_on_diagnosis(self, report) -> bool:
+        """Whether a collapse is a pure overflow: the report says so."""
+        return report.kind == "overflow"
+
+    def gather(self, value: float) -> List[float]:
+        """``value`` of every rank: this one's."""
+        return [value]
+
+
+class StepAgreement:
+    """The decision of every rank alike, from the reduced gradients.
+
+    Args:
+        comm: The communicator (``all_reduce``, ``size``).
+        transport: What the step's all-reduce carries (:class:`ListTransport` or
+            :class:`~nnabla_mpt.distributed.packed.PackedArrays`):
+            ``reduce(comm, flags, division)`` reduces the gradients with the flags and
+            returns the reduced flags.
+        flags: The flags' codec (:func:`nnabla_mpt.distributed.exchange.step_flags`).
+        reduction: What the all-reduce does to dtypes
+            (:func:`nnabla_mpt.distributed.exchange.handshake`).
+        check: The overflow check of the solver's gradients, or None when checking is off;
+            kept as the attribute ``check``.
+        check_before: Check each rank's own gradients before the reduce too (see the
+            module's docstring).
+        batch: The check of a skipped step's batch (:class:`~nnabla_mpt.step.detector.BatchCheck`).
+        division: The step's all-reduce averages over the ranks (``average_ranks``).
+        in_backward: ``() -> callback`` for the last backward pass of a step, where the
+            gradients are reduced inside it (nnabla's communicators, ``all_reduce_callback``;
+            the transport then carries the flags only), or None; kept as the attribute.
+    """
+
+    def __init__(self, comm, transport, flags, reduction: exchange.Reduction,
+                 check: Optional[Callable[[], bool]], check_before: bool,
+                 batch: BatchCheck, division: bool = False,
+                 in_backward: Optional[Callable[[], Any]] = None) -> None:
+        self._comm = comm
+        self.transport = transport
+        self._flags = flags
+        self.reduction = reduction
+        self.check = check
+        self.check_before = check is not None and check_before
+        self._batch = batch
+        self._division = division
+        self.in_backward = in_backward
+        self._values = exchange.RankSlots(comm.rank, comm.size, np.float64)
+
+    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Decision:
+        """Reduces the gradients with the flags (one collective) and checks the result.
+
+        The flags are this rank's overflow, its mean loss and its ``step`` index; the mean
+        over the ranks becomes the step's loss (``losses.set_mean``). Ranks whose steps
+        differ raise the same ``RuntimeError`` (:func:`check_in_step`). On a skipped step,
+        one more small all-reduce tells whether some rank's loss was non-finite and whether
+        some rank's batch held inf/NaN.
+        """
+        local = self.check_before and self.check()
+        flags = self._flags.encode(local, losses.mean(), step)
+        reduced = self.transport.reduce(self._comm, flags, self._division)
+        flagged, mean, steps = self._flags.decode(reduced)
+        check_in_step(steps)
+        losses.set_mean(mean)
+        overflow = self.check is not None and (flagged or self.check())
+        if not overflow:
+            return False, False, False
+        bad_losses, bad_batches = self._count([not math.isfinite(losses.total()),
+                                               bool(self._batch.nonfinite(loss))])
+        return True, bad_losses > 0.0, bad_batches > 0.0
+
+    def agree_on_diagnosis(self, report) -> bool:
+        """Whether the collapse is a pure overflow, decided alike on every rank.
+
+        Each rank replays only its own batch, so the reports differ when one rank's data
+        caused the overflow; acting on them separately would make some ranks raise while
+        the others wait in the next all-reduce. One extra all-reduce (on this rare path
+        only) combines them: pure overflow when some rank reproduced an overflow that a
+        smaller scale fixes and no rank found a data or model problem.
+        """
+        overflow_votes, problem_votes = self._count(
+            [report.kind == "overflow", report.kind in ("data", "model")])
+        if report.kind == "not_reproduced" and (overflow_votes > 0 or problem_votes > 0):
+            report.notes.append(
+                f"{int(overflow_votes + problem_votes)} other rank(s) reproduced the "
+                "non-finite gradients on their own batches; their reports name the function.")
+        return overflow_votes > 0 and problem_votes == 0
+
+    def gather(self, value: float) -> List[float]:
+        """``value`` of every rank, in rank order, exactly (one small all-reduce of its
+        bytes, :class:`~nnabla_mpt.distributed.exchange.RankSlots`)."""
+        summed = self._sum(self._values.encode(value))
+        return [float(v) for v in self._values.decode(summed).ravel()]
+
+    def _count(self, votes: List[bool]) -> List[float]:
+        """For each question, how many ranks answered yes (one small all-reduce; exact in
+        float16 up to 2048 ranks)."""
+        return self._sum(np.array(votes, dtype=np.float32))
+
+    def _sum(self, values: np.ndarray) -> List[float]:
+        """``values`` summed over the ranks (one small all-reduce)."""
+        array = nn.NdArray(values.shape)
+        array.data = values
+        self._comm.all_reduce([array], division=False, inplace=True)
+        return [float(v) for v in array.data]
+
+
+def check_in_step(steps) -> None:
+    """Raises ``RuntimeError`` naming the ranks and their step indices unless every rank
+    is at the same step (``steps``: every rank's, in rank order): the step's all-reduce
+    then summed gradients of different steps. Every rank holds the same ``steps`` and
+    raises alike."""
+    if (steps == steps[0]).all():
+        return
+    ranks = ", ".join(f"rank {r} at step {int(s)}" for r, s in enumerate(steps))
+    raise RuntimeError(
+        f"the ranks are out of step: the step's all-reduce paired {ranks}, so it summed "
+        f"gradients of different steps; every rank must be at the same step (a rank that "
+        f"loaded another checkpoint or state than the others, or set its step count, is "
+        f"behind or ahead)")
+
+
+class ListTransport:
+    """What the step's all-reduce carries for a communicator that fuses the arrays of a
+    call itself (:class:`~nnabla_mpt.MPICommunicator`), or the flags alone where the
+    gradients are reduced inside the backward pass: the arrays, the flags' array last.
+
+    Args:
+        arrays: The arrays to reduce (the gradients, or none), the array of the step's
+            flags last (its length that of the flags' codec). The list itself is kept,
+            not copied: :meth:`SharedGradients.zero` renews its entries in place when a
+            gradient had left the shared memory (``solver.zero_grad()`` between steps).
+    """
+
+    def __init__(self, arrays: List["nn.NdArray"]) -> None:
+        self.arrays = arrays
+
+    def reduce(self, comm, flags: np.ndarray, division: bool) -> np.ndarray:
+        """Reduces the arrays with ``flags`` (one call of ``comm``); the reduced flags."""
+        carrier = self.arrays[-1]
+        carrier.data = flags
+        comm.all_reduce(self.arrays, division=division, inplace=True)
+        return carrier.data
+
+
+def model_digest(params: Mapping[str, "nn.Variable"],
+                 grads: Optional[Sequence["nn.NdArray"]]) -> bytes:
+    """Six bytes naming the parameters a rank exchanges: names, shapes and order (the
+    order ``grads`` gives them, when given)."""
+    order = list(params.items())
+    if grads is not None:
+        order = [next((name, v) for name, v in order if v.grad == g) for g in grads]
+    text = repr([(name, tuple(v.shape)) for name, v in order]).encode("utf-8")
+    return hashlib.blake2b(text, digest_size=6).digest()
+
+
+def same_model(comm, params: Mapping[str, "nn.Variable"],
+               grads: Optional[Sequence["nn.NdArray"]]) -> exchange.Reduction:
+    """Raises the same ``ValueError`` on every rank unless every rank exchanges the
+    gradients of parameters of the same names and shapes, in the same order (one small
+    all-reduce, exact in any dtype: :func:`nnabla_mpt.distributed.exchange.handshake`);
+    arrays of the same sizes in another order would be summed with each other's, silently.
+    Returns what the all-reduce does to dtypes."""
+    seen, reduction = exchange.handshake(comm, model_digest(params, grads))
+    differ = [r for r, f in enumerate(seen) if f != seen[0]]
+    if differ:
+        raise ValueError(
+            f"the ranks exchange different gradients: the parameters (names, shapes, "
+            f"order{', as grads gives them' if grads is not None else ''}) of rank(s) "
+            f"{', '.join(map(str, differ))} differ from rank 0's; build the same model on "
+            f"every rank and pass grads in the same order (or grads=None)")
+    return reduction
+
+
+def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
+            grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
+            float_only: bool, check: Optional[Callable[[], bool]], mode: str,
+            batch: BatchCheck, pack: Optional[int] = None, division: bool = False):
+    """``(decider, shared gradients)`` for an updater: a :class:`LocalDecision` without a
+    communicator; else a :class:`StepAgreement`, checking each rank's own gradients
+    before the reduce too in the saturation ``mode``. The ranks first compare what they
+    exchange and learn what the all-reduce does to dtypes (:func:`same_model`).
+    With ``pack`` (``options.backward_reduction``) nnabla's callback reduces the gradients
+    inside the last backward pass, in packs of that many values, and the step's
+    all-reduce carries the flags only; ``division``: the all-reduces average over the
+    ranks (``average_ranks``)."""
+    if comm is None:
+        return LocalDecision(check, batch), None
+    reduction = same_model(comm, params, grads)
+    transport, shared, flags = _transport(comm, reduction, loss, params, grads,
+                                          shared_grads, float_only, pack is None, division)
+    in_backward = None
+    if pack is not None:
+        gradients = exchanged_arrays(params, grads)
+        in_backward = lambda: comm.all_reduce_callback(gradients, pack,  # noqa: E731
+                                                       division=division)
+    agreement = StepAgreement(comm, transport, flags, reduction, check, mode != "inf_nan",
+                              batch, division, in_backward)
+    return agreement, shared
+
+
+def _transport(comm, reduction: exchange.Reduction, loss: "nn.Variable",
+               params: Mapping[str, "nn.Variable"], grads, shared_grads: Optional[bool],
+               float_only: bool, with_gradients: bool, division: bool):
+    """``(transport, shared gradients, flags' codec)`` of the step's all-reduce: a list
+    (:class:`ListTransport`, :func:`reduce_list`) for :class:`~nnabla_mpt.MPICommunicator`,
+    which fuses the arrays of a call, and the flags alone where the gradients are reduced
+    in the backward pass (not ``with_gradients``); else the gradients and the flags in one
+    buffer (:mod:`nnabla_mpt.distributed.packed` says why)."""
+    from .communicator import MPICommunicator
+
+    flags = exchange.step_flags(comm, reduction, division)
+    if with_gradients and not isinstance(comm, MPICommunicator):
+        if shared_grads:
+            use_shared_grads(True, comm, grads, float_only, ())   # raises, naming why
+        packed = PackedArrays(exchanged_arrays(params, grads), flags.length,
+                              graph.float_context(loss))
+        return packed, None, flags
+    if not with_gradients:
+        return ListTransport([nn.NdArray((flags.length,))]), None, flags
+    arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only, flags.length)
+    return ListTransport(arrays), shared, flags
+
+
+def warn_float16_reduction(reduction: Optional[exchange.Reduction], precision: str,
+                           schedule: bool) -> None:
+    """Warns when a communicator that reduces in float16 is to reduce float32 gradients:
+    those of a graph of ``precision`` ``"float"``, or of the full-precision phase of a
+    precision ``schedule``."""
+    if reduction is None or not reduction.float16 or (precision != "float" and not schedule):
+        return
+    what = ("the gradients of this float32 graph" if precision == "float" else
+            "the float32 gradients of the precision schedule's full-precision phase")
+    logger.warning(f"nnabla_mpt: the communicator reduces in float16 (nnabla's "
+                   f"communicator made from a half or mixed_half context): {what} lose "
+                   f"precision and overflow beyond 65504 in its sums; build the "
+                   f"communicator from a float context")
+
+
+def check_not_armed(comm) -> None:
+    """Raises ``RuntimeError`` if ``comm`` has an all-reduce armed by a script's
+    ``all_reduce_callback()``: it would reduce the step's gradients a second time."""
+    if getattr(comm, "all_reduce_callback_armed", False):
+        raise RuntimeError(
+            "comm has an all-reduce armed by all_reduce_callback() (or "
+            "get_all_reduce_callback()): it would reduce the gradients a second time, at the "
+            "solver's first operation; the updater reduces them itself. Call "
+            "comm.clear_all_reduce_callback() before using the updater")
+
+
+def reduce_list(comm, params: Mapping[str, "nn.Variable"],
+                grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
+                float_only: bool, flags_length: int) -> Tuple[List["nn.NdArray"], object]:
+    """The arrays a step reduces, the flags last, and the :class:`SharedGradients` holding
+    them in the communicator's shared memory (or None).
+
+    ``shared_grads`` as the updaters take it (see :func:`use_shared_grads`);
+    ``float_only``: the graph runs in float only (no float16 gradients); ``flags_length``:
+    the elements of the step's flags.
+    """
+    flags = nn.Variable((flags_length,))
+    placed = list(params.values()) + [flags]
+    if use_shared_grads(shared_grads, comm, grads, float_only, placed):
+        shared = comm.share_grads(placed)
+        return shared.arrays, shared   # kept current by shared.zero()
+    return exchanged_arrays(params, grads) + [flags.grad], None
+
+
+def exchanged_arrays(params: Mapping[str, "nn.Variable"],
+                     grads: Optional[Sequence["nn.NdArray"]]) -> List["nn.NdArray"]:
+    """The arrays a step reduces: ``grads``, or the gradients of all of ``params``."""
+    return list(grads if grads is not None else (v.grad for v in params.values()))
+
+
+def use_shared_grads(shared_grads: Optional[bool], comm, grads, float_only: bool,
+                     placed: Sequence["nn.Variable"]) -> bool:
+    """Whether the updater puts the gradients in the communicator's shared memory.
+
+    ``None`` (auto): when the communicator offers it (``share_grads``, with more than one
+    rank and the shared-memory scheme), ``grads`` is not given and the graph runs in float
+    only (float16 gradients would leave the shared memory at every backward pass).
+    ``True`` asks for it and raises, naming the reason, where it cannot be done. If the
+    gradients do not fit in the machine's shared memory, auto logs a warning and does not
+    share them.
+    """
+    if shared_grads is False:
+        return False
+    reasons = []
+    if not hasattr(comm, "share_grads"):
+        reasons.append(f"the communicator ({type(comm).__name__}) has no share_grads")
+    elif getattr(comm, "algorithm", None) != "shared_memory":
+        reasons.append(f"the communicator uses algorithm={getattr(comm, 'algorithm', None)!r}, "
+                       f"not 'shared_memory'")
+    if grads is not None:
+        reasons.append("grads is given (the updater can only place the gradients of the "
+                       "solver's parameters)")
+    if not float_only:
+        reasons.append("the graph runs in float16 (nnabla writes float16 gradients into "
+                       "memory of its own)")
+    if shared_grads is None and (reasons or comm.size == 1):
+        return False
+    if not reasons:
+        # collective, like share_grads itself: every rank gets here alike
+        shortfall = comm.shared_memory_shortfall(list(placed))
+        if shortfall and shared_grads is None:
+            logger.warning(f"nnabla_mpt: the gradients are not shared: {shortfall}")
+            return False
+        if shortfall:
+            reasons.append(shortfall)
+    if reasons:
+        raise ValueError("shared_grads=True cannot be honoured: " + "; ".join(reasons))
+    return True

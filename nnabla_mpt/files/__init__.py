@@ -1,0 +1,1 @@
+"""Files that last: the checkpoint format, archive reading, atomic writes; may import core."""

@@ -1,0 +1,89 @@
+"""The ``data_feeder`` of the updaters: checked when it is given, watched at its first call.
+
+nnabla calls the feeder with no arguments before every forward pass, and ignores what it
+returns: the feeder writes the next batch into the graph's input Variables (``x.d = ...``).
+A feeder that needs an argument is refused when it is given (else the first update would
+raise a ``TypeError`` naming only the callable); one that returns something,
+the batch, as a PyTorch loop would, is warned about at its first call: the step would
+train on whatever the inputs held before.
+
+The updater calls :func:`first_call_checked`'s wrapper once, which then puts the feeder
+itself in its place: the steps after the first call the feeder as they would without the
+check.
+
+Example:
+    >>> from nnabla_mpt.step.feeder import checked_feeder
+    >>> checked_feeder("data_feeder", lambda batch: None)
+    Traceback (most recent call last):
+    ...
+    TypeError: data_feeder=<function <lambda> at ...> needs an argument ...
+"""
+import inspect
+from typing import Any, Callable, Optional
+
+from nnabla.logger import logger
+
+
+def checked_feeder(name: str, feeder: Any) -> Optional[Callable[[], Any]]:
+    """``feeder``, checked to be None or callable with no arguments; a callable whose
+    signature cannot be read (some builtins) is accepted.
+
+    Raises:
+        TypeError: it is not callable, or it needs an argument; the message names ``name``
+            and the callable.
+    """
+    if feeder is None:
+        return None
+    if not callable(feeder):
+        raise TypeError(f"{name} must be callable or None, got {feeder!r}")
+    try:
+        signature = inspect.signature(feeder)
+    except (TypeError, ValueError):
+        return feeder           # no signature to read: it will tell at its first call
+    try:
+        signature.bind()
+    except TypeError as e:
+        raise TypeError(f"{name}={feeder!r} needs an argument ({e}), but the updater calls "
+                        f"it with none before every forward pass: make it write the next "
+                        f"batch into the graph's inputs (x.d = ...) without arguments, e.g. "
+                        f"a closure over the data iterator") from None
+    return feeder
+
+
+class DataFeeder:
+    """The ``data_feeder`` attribute of an updater (a descriptor): reading it gives the
+    feeder; assigning it checks the new one (:func:`checked_feeder`) and puts in the
+    updater's ``_feed``, which the step calls, a wrapper that checks the feeder's first
+    return value (:func:`first_call_checked`)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, updater: Any, owner: type = None) -> Any:
+        if updater is None:
+            return self
+        return updater._data_feeder
+
+    def __set__(self, updater: Any, feeder: Any) -> None:
+        feeder = checked_feeder(self.name, feeder)
+        updater._data_feeder = feeder
+        updater._feed = None if feeder is None else first_call_checked(updater, feeder,
+                                                                       self.name)
+
+
+def first_call_checked(updater: Any, feeder: Callable[[], Any],
+                       name: str) -> Callable[[], Any]:
+    """A wrapper of ``feeder`` that calls it, warns once if it returned anything but
+    None, and puts ``feeder`` itself in ``updater._feed`` (unless another feeder was set
+    in between)."""
+    def first_call() -> Any:
+        result = feeder()
+        if updater._feed is first_call:
+            updater._feed = feeder
+        if result is not None:
+            logger.warning(f"nnabla_mpt: {name}={feeder!r} returned a {type(result).__name__} "
+                           f"(not None), which the updater ignores: {name} must write the "
+                           f"batch into the graph's inputs (x.d = ...), not return it; the "
+                           f"step ran on whatever the inputs held before")
+        return result
+    return first_call

@@ -1,0 +1,180 @@
+"""The step's loss: each micro-batch's loss kept in an array of its own, read when asked.
+
+nnabla writes a loss into the same array at every forward pass: after a step ``loss.d``
+holds only the last micro-batch's loss, and a value kept for later is overwritten by the
+next step. So for each forward pass of a step the loss gets an array of its own
+(:meth:`LossRecorder.forward`), and the step's result keeps the arrays. A step's
+:class:`StepLosses` come from a ring of two steps' worth (:meth:`LossRecorder.start`), so
+a step writes into arrays it has written before (the first forward pass into a new array
+costs an allocation, about 10 µs a step for a 1e4-parameter model); losses that a result
+still holds go with the result, and new ones take their place in the ring. Reading a
+loss to the host costs 15-20 µs inside a training step on the CPU (and a synchronisation
+on a GPU), so the arrays are read only where a value is needed: when
+``StepResult.loss`` is asked for, on a skipped step (was a loss non-finite?), for the
+ranks' mean (it travels with the gradients' all-reduce) and for the precision
+schedule's loss trigger.
+
+A loss computed in place (``F.reshape`` of the loss, by default) shares its input's array
+and a new array would never be written: such a loss is read right after each forward
+pass instead.
+
+With ``outputs`` (the updaters' option: an error rate, an accuracy) the forward pass runs
+from one ``F.sink`` of the loss and the outputs (:func:`forward_root`), so that the outputs
+are computed by the same pass, on the same batch, random draws and batch-normalization
+statistics as the loss; the backward pass still runs from the loss, seeded with the scale.
+
+The step's last array stays the loss Variable's array until the next ``update()``: a
+forward pass of that Variable run outside ``update()`` in between writes into it. A
+skipped step reads its losses at once (the updater's diagnosis runs forward passes).
+"""
+import math
+from sys import getrefcount
+from typing import List, Sequence, Union
+
+import nnabla as nn
+from nnabla.ext_utils import get_extension_context
+
+from ..core._hostarray import dtype_of, host_view
+
+_HOST = get_extension_context("cpu", type_config="float")
+
+
+def scalar_value(array: "nn.NdArray") -> float:
+    """The first value of ``array`` as a float, read through a host view in the dtype it
+    holds (so that reading leaves it as it is): a few µs where ``float(variable.d)`` costs
+    about 100 µs in nnabla 1.39."""
+    return float(host_view(array, dtype_of(array), _HOST)[0])
+
+
+def computed_in_place(loss: "nn.Variable") -> bool:
+    """Whether the function computing ``loss`` writes it into its input's array."""
+    return loss.parent.inplace_data(0) != 0
+
+
+def forward_root(loss: "nn.Variable", outputs: Sequence["nn.Variable"]) -> "nn.Variable":
+    """The Variable whose forward pass computes ``loss`` and ``outputs`` in one pass:
+    ``F.sink(loss, *outputs)``, built in the loss's context; ``loss`` itself without
+    outputs. The sink is only ever run forward (its backward would set the loss's gradient
+    to 1, whatever the scale). The outputs are made persistent, so that neither pass frees
+    their values (an output the loss is computed from, such as the prediction, would be
+    freed by the backward pass with ``clear_buffer=True``).
+
+    Raises:
+        ValueError: one of ``outputs`` is ``loss`` itself.
+    """
+    if not outputs:
+        return loss
+    import nnabla.functions as F
+    for i, output in enumerate(outputs):
+        if output is loss:
+            raise ValueError(f"outputs[{i}] is the loss itself, which every step computes "
+                             f"anyway (StepResult.loss); pass the other outputs only")
+        output.persistent = True
+    with nn.context_scope(loss.parent.context):
+        return F.sink(loss, *outputs)
+
+
+class StepLosses:
+    """The losses of one step's micro-batches, in order (``values``): the arrays their
+    forward passes write, or values read at once (a loss computed in place).
+
+    Args:
+        values: One entry per micro-batch.
+    """
+    __slots__ = ("values", "_total", "_mean")
+
+    def __init__(self, values: List[Union["nn.NdArray", float]]) -> None:
+        self.values = values
+        self._total = self._mean = None
+
+    def total(self) -> float:
+        """The sum of the micro-batches' losses (non-finite when one of them is); read once."""
+        if self._total is None:
+            self._total = sum(v if isinstance(v, float) else scalar_value(v)
+                              for v in self.values)
+        return self._total
+
+    def set_mean(self, mean: float) -> None:
+        """Sets the step's loss where it is known otherwise (the mean over the ranks)."""
+        self._mean = mean
+
+    def mean(self) -> float:
+        """The step's loss: the mean over its micro-batches (or as :meth:`set_mean` set)."""
+        if self._mean is None:
+            self._mean = self.total() / len(self.values)
+        return self._mean
+
+    def forget(self) -> None:
+        """Forgets the values read, for a new step writing the same arrays."""
+        self._total = self._mean = None
+
+    def __reduce__(self):
+        """Copies and pickles (``copy.deepcopy``, ``dataclasses.asdict`` of a result) hold
+        the value, not nnabla's arrays."""
+        return _known, (self.mean(),)
+
+
+def _known(mean: float) -> StepLosses:
+    losses = StepLosses([])
+    losses.set_mean(mean)
+    return losses
+
+
+#: ``sys.getrefcount`` of a ring's :class:`StepLosses` that nothing else holds: the ring's
+#: list, the name it is read into and the call's own argument.
+_UNHELD_REFCOUNT = 3
+
+
+class LossRecorder:
+    """Runs the forward passes of one loss Variable, keeping each loss in the step's
+    :class:`StepLosses`.
+
+    Args:
+        loss: The loss Variable.
+        accum_grad: Forward passes a step runs.
+        outputs: Variables computed by the same forward passes (:func:`forward_root`).
+    """
+
+    def __init__(self, loss: "nn.Variable", accum_grad: int,
+                 outputs: Sequence["nn.Variable"] = ()) -> None:
+        self.loss = loss
+        self._root = forward_root(loss, outputs)
+        self._in_place = computed_in_place(loss)
+        self._accum_grad = accum_grad
+        # two steps' worth: the last result holds its step's losses while the next runs
+        self._ring = [self._new_losses(), self._new_losses()]
+        self._turn = 0
+
+    def set_accum_grad(self, accum_grad: int) -> None:
+        """Runs ``accum_grad`` forward passes a step from the next one on."""
+        self._accum_grad = accum_grad
+        self._ring = [self._new_losses(), self._new_losses()]
+
+    def _new_losses(self) -> StepLosses:
+        """A step's losses: an array for each micro-batch, or places for the values read
+        (a loss computed in place)."""
+        if self._in_place:
+            return StepLosses([math.nan] * self._accum_grad)
+        return StepLosses([nn.NdArray(self.loss.shape) for _ in range(self._accum_grad)])
+
+    def start(self) -> StepLosses:
+        """The losses of a new step: the ring's next ones, written again, or new ones where
+        a result still holds them (they stay with it)."""
+        self._turn = 1 - self._turn
+        losses = self._ring[self._turn]
+        if getrefcount(losses) > _UNHELD_REFCOUNT:
+            losses = self._ring[self._turn] = self._new_losses()
+        else:
+            losses.forget()
+        return losses
+
+    def forward(self, losses: StepLosses, micro_batch: int, clear_no_need_grad: bool) -> None:
+        """Runs the loss's forward pass into the array of ``micro_batch`` in ``losses`` (as
+        :meth:`start` gave them); a loss computed in place is read after the pass instead.
+        The outputs, if any, are computed by the same pass."""
+        if self._in_place:
+            self._root.forward(clear_no_need_grad=clear_no_need_grad)
+            losses.values[micro_batch] = scalar_value(self.loss.data)
+            return
+        self.loss.data = losses.values[micro_batch]
+        self._root.forward(clear_no_need_grad=clear_no_need_grad)

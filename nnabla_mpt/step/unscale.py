@@ -1,0 +1,116 @@
+"""What a good step does to the gradients before the solver's update: unscale, clip,
+weight decay; and the learning rate of a schedule keyed on applied updates."""
+import math
+from typing import Any, Mapping, Optional
+
+from ..core._gradsum import SquaredNorm, numpy_min_size
+
+
+class Unscaler:
+    """Unscales the summed gradients, clips them, applies weight decay and updates.
+
+    The gradients hold the seed's value × the sum over ``accum_grad`` micro-batches (and
+    over the ranks after an all-reduce, which itself divides by the number of ranks where
+    they are averaged); the seed holds the loss scale rounded to the loss's dtype
+    (:func:`~nnabla_mpt.scale.seed.held_scale`: 3000.0 for a scale of 3000.7 in float16).
+    :meth:`unscale` divides them by that held value, and by ``accum_grad`` where the
+    micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
+    takes the global L2 norm of the unscaled gradients, squared in float32, and scales
+    them down to the bound when the norm exceeds it. :meth:`apply` applies weight decay to
+    the unscaled gradients, sets the learning rate of ``lr_scheduler`` (fetched by
+    :meth:`unscale`, before the step has changed anything) and updates.
+
+    Args:
+        solver: The solver.
+        params: Its parameters (name -> Variable), for the gradient norm.
+        context: The float32 context of the device the gradients live on
+            (:func:`nnabla_mpt.core.graph.float_context`): the norm is computed there.
+        accum_divisor: ``accum_grad`` where the micro-batches are averaged, else 1.
+        clip_grad_norm: The bound of the global L2 norm, or None.
+        weight_decay: The weight-decay rate, or None.
+        lr_scheduler: An object with ``get_learning_rate(iter)`` (nnabla's
+            ``nnabla.utils.learning_rate_scheduler``), keyed on applied updates, or None.
+
+    ``accum_divisor``, ``clip`` (the bound) and ``weight_decay`` are kept as attributes of
+    those names; the updater's settings change them between steps
+    (:mod:`nnabla_mpt.settings`).
+    """
+
+    def __init__(self, solver, params: Mapping, context, accum_divisor: int,
+                 clip_grad_norm: Optional[float], weight_decay: Optional[float],
+                 lr_scheduler: Any = None) -> None:
+        self._solver = solver
+        self._lr_scheduler = lr_scheduler
+        self._params = params
+        self._context = context
+        self.accum_divisor = accum_divisor
+        self.clip = clip_grad_norm
+        self.weight_decay = weight_decay
+        self._squared_norm = None          # built on first use by grad_norm()
+        self._rate = None                  # the learning rate unscale() fetched
+
+    def unscale(self, held: float, updates: int = 0) -> bool:
+        """Unscales the gradients of a step whose seed held ``held`` (the step's scale as
+        the loss's dtype holds it, :attr:`~nnabla_mpt.scale.seed.BackwardSeed.held`: dividing
+        by the scale itself would leave an error of up to 0.05% in float16) and clips
+        them. With ``lr_scheduler``, first fetches the rate :meth:`apply` sets: the
+        schedule's at ``updates``, the updates applied so far (a skipped step does not
+        advance it); a rate it refuses raises here, before the step changes parameters,
+        solver states, scale or counters (its batches are consumed, and a first step of
+        ``scale="auto"`` has measured its scale).
+
+        Returns False, the gradients unscaled but not clipped, when clipping is on and
+        their norm is not finite: no factor brings such gradients to the bound (the
+        updater skips the step as an overflow). True otherwise.
+        """
+        if self._lr_scheduler is not None:
+            self._rate = scheduled_rate(self._lr_scheduler, updates)
+        factor = 1.0 / (held * self.accum_divisor)
+        if factor != 1.0:
+            self._solver.scale_grad(factor)
+        if self.clip is None:
+            return True
+        norm = self.grad_norm()
+        if not math.isfinite(norm):
+            return False
+        if norm > self.clip:
+            self._solver.scale_grad(self.clip / norm)
+        return True
+
+    def apply(self) -> None:
+        """Applies weight decay to the unscaled (and clipped) gradients, sets the learning
+        rate :meth:`unscale` fetched (with ``lr_scheduler``), then calls
+        ``solver.update()``."""
+        if self.weight_decay is not None:
+            self._solver.weight_decay(self.weight_decay)
+        if self._rate is not None:
+            self._solver.set_learning_rate(self._rate)
+        self._solver.update()
+
+    def grad_norm(self) -> float:
+        """Global L2 norm of the gradients of all the solver's parameters as they are now,
+        squared and summed in float32 (inf beyond about 1.8e19)."""
+        if self._squared_norm is None:
+            self._squared_norm = SquaredNorm(list(self._params.values()), self._context,
+                                             numpy_min_size(self._context))
+        return math.sqrt(self._squared_norm.value())
+
+
+def scheduled_rate(scheduler: Any, updates: int) -> float:
+    """``scheduler.get_learning_rate(updates)`` as a float, checked to be finite and >= 0.
+
+    Raises:
+        ValueError: the schedule gave a negative or non-finite rate (the message names
+            ``lr_scheduler``, the update and the value), or something that is no number.
+    """
+    rate = scheduler.get_learning_rate(updates)
+    try:
+        value = float(rate)
+    except (TypeError, ValueError):
+        raise ValueError(f"lr_scheduler.get_learning_rate({updates}) returned {rate!r} of type "
+                         f"{type(rate).__name__}, not a number") from None
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"lr_scheduler.get_learning_rate({updates}) returned {rate!r}: a "
+                         f"learning rate must be finite and >= 0 (the step is not taken: "
+                         f"parameters, solver states and counters are unchanged)")
+    return value
