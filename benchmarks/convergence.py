@@ -189,8 +189,8 @@ class Contender:
         self.summary(result)
 
     def step(self):
-        """One ``update()``, timed; notes whether growth was due (the watched step in
-        ``"measured"`` mode)."""
+        """One ``update()``, timed; notes whether growth was due and whether the history
+        was short (the watched steps in ``"measured"`` mode, with every 25th)."""
         self.due.append(self.updater.policy.growth_due)
         self.short.append(len(self.updater.state_dict().get("scale_history", ()))
                           < MIN_SAMPLES)

@@ -34,11 +34,14 @@ spike and the gradient statistics; and with ``--figure PATH`` draws the scale pe
 every run (skipped steps marked) to PATH.
 
 Usage:
-    .venv/bin/python benchmarks/measured_edge.py [--model teacher] --out results/edge_new.json
+    .venv/bin/python benchmarks/measured_edge.py    # results/measured_edge_teacher.json
     NNABLA_MPT_ROOT=../old .venv/bin/python benchmarks/measured_edge.py --modes measured \\
-        --label "measured (margin 8)" --out results/edge_old.json
-    .venv/bin/python benchmarks/measured_edge.py --report results/edge_*.json \\
-        --figure docs/_static/measured_edge_teacher.png
+        --label "measured (margin 8)" --out /tmp/edge_old.json
+    .venv/bin/python benchmarks/measured_edge.py \\
+        --report benchmarks/results/measured_edge_teacher.json /tmp/edge_old.json \\
+        --figure /tmp/edge.png
+
+``ms/step`` compares runs of one invocation only (their steps interleaved).
 """
 import argparse
 import json
