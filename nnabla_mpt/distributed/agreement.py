@@ -77,9 +77,9 @@ class LocalDecision:
         """Whether a collapse is a pure overflow: the report says so."""
         return report.kind == "overflow"
 
-    def gather(self, value: float) -> List[float]:
-        """``value`` of every rank: this one's."""
-        return [value]
+    def gather(self, *values: float) -> List[List[float]]:
+        """Each of ``values`` of every rank: this one's."""
+        return [[value] for value in values]
 
 
 class StepAgreement:
@@ -118,7 +118,6 @@ class StepAgreement:
         self._batch = batch
         self._division = division
         self.in_backward = in_backward
-        self._values = exchange.RankSlots(comm.rank, comm.size, np.float64)
 
     def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Decision:
         """Reduces the gradients with the flags (one collective) and checks the result.
@@ -159,11 +158,14 @@ class StepAgreement:
                 "non-finite gradients on their own batches; their reports name the function.")
         return overflow_votes > 0 and problem_votes == 0
 
-    def gather(self, value: float) -> List[float]:
-        """``value`` of every rank, in rank order, exactly (one small all-reduce of its
-        bytes, :class:`~nnabla_mpt.distributed.exchange.RankSlots`)."""
-        summed = self._sum(self._values.encode(value))
-        return [float(v) for v in self._values.decode(summed).ravel()]
+    def gather(self, *values: float) -> List[List[float]]:
+        """Each of ``values`` of every rank, in rank order, exactly: one list per value
+        (one small all-reduce of their bytes,
+        :class:`~nnabla_mpt.distributed.exchange.RankSlots`)."""
+        slots = exchange.RankSlots(self._comm.rank, self._comm.size, np.float64,
+                                   len(values))
+        every = slots.decode(self._sum(slots.encode(values)))
+        return [[float(v) for v in column] for column in every.T]
 
     def _count(self, votes: List[bool]) -> List[float]:
         """For each question, how many ranks answered yes (one small all-reduce; exact in

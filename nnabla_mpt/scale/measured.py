@@ -128,8 +128,8 @@ class ScaleMeter:
         loss: The loss the scale applies to (the reduced-precision one).
         params: The solver's parameters (name -> Variable).
         policy: The loss-scale policy.
-        gather: ``value -> the value of every rank`` (one small all-reduce with a
-            communicator; ``[value]`` without).
+        gather: ``(*values) -> for each value, the value of every rank`` (one small
+            all-reduce with a communicator; ``[[value], ...]`` without).
         stats_every: Steps between gradient statistics (every ``K``-th step), or None.
         calibrate: Whether the first step calibrates the scale (``scale="auto"``); kept
             as ``auto_scale``.
@@ -148,7 +148,7 @@ class ScaleMeter:
     """
 
     def __init__(self, loss: Any, params: Mapping[str, Any], policy: Any,
-                 gather: Callable[[float], List[float]], stats_every: Optional[int],
+                 gather: Callable[..., List[List[float]]], stats_every: Optional[int],
                  calibrate: bool, reduced_dtype: Optional[str] = None) -> None:
         self._loss = loss
         self._params = params
@@ -190,7 +190,8 @@ class ScaleMeter:
         if self._reduced_max is not None:
             watch.add([v.grad for v in self._params.values()], self._reduced_max)
         cap, reach, _ = reaches(watch, held)
-        return min(self._gather(cap)), min(self._gather(reach)), held
+        every_cap, every_reach = self._gather(cap, reach)
+        return min(every_cap), min(every_reach), held
 
     def settled(self, measured: Optional[Tuple[float, float, float]],
                 skipped: bool) -> Optional[float]:
@@ -250,9 +251,9 @@ class ScaleMeter:
                 why = (f"its gradients are not finite at scale {probe:g} nor at {lowest:g}, "
                        f"so at no scale (an input beyond the dtype's range or holding "
                        f"inf/NaN, or a parameter that does)")
-        starts = self._gather(math.nan if why else
-                              calibrated_scale(held_scale(probe, self._dtype), measured,
-                                                 lower, upper))
+        starts, = self._gather(math.nan if why else
+                               calibrated_scale(held_scale(probe, self._dtype), measured,
+                                                  lower, upper))
         if any(math.isnan(start) for start in starts):
             scale = self._policy.get_loss_scale()
             logger.info(f"nnabla_mpt: scale='auto' measures nothing on this step's batch: "

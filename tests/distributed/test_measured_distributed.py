@@ -50,6 +50,17 @@ def test_every_rank_keeps_the_same_history(run):
         assert meta["scale_history"] == ref, f"rank {r}"
 
 
+def test_a_watched_step_agrees_on_its_measurement_in_one_all_reduce(run):
+    # Steps 1 to 3 (a short history) and the growth points 5, 10 and 13 are watched; the
+    # other good steps are not (step 0 calibrates, 6 and 7 are skipped).
+    n, res = run
+    for _, meta in res:
+        counts = meta["all_reduces"]
+        plain = {counts[i] for i in (4, 9, 12)}
+        assert len(plain) == 1, counts
+        assert [counts[i] - min(plain) for i in (1, 2, 3, 5, 10, 13)] == [1] * 6, counts
+
+
 def test_gradient_statistics_are_each_ranks_own(run):
     n, res = run
     for _, meta in res:

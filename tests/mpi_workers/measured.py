@@ -11,7 +11,9 @@ same history of measured growth (``scale_history``). Each rank also runs,
 in a separate scope and without the communicator, the calibration alone on its own first
 batch (``local_start``). A third run, in its own scope, feeds rank 0 a first batch
 holding ``1e5`` (beyond float16: its loss is inf) and every other rank an ordinary one:
-no rank sets a scale from step 0, and step 1 measures on every rank (``huge``).
+no rank sets a scale from step 0, and step 1 measures on every rank (``huge``). The
+communicator's ``all_reduce`` calls of each step of the measured run are counted
+(``all_reduces``).
 Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
 """
 import sys
@@ -83,6 +85,16 @@ huge_pending = huge.state_dict()["calibration_pending"]
 
 x, t, loss, params, solver = build("net")
 comm.broadcast_parameters(params)
+calls = []
+real_all_reduce = comm.all_reduce
+
+
+def counted_all_reduce(*args, **kwargs):
+    calls.append(1)
+    return real_all_reduce(*args, **kwargs)
+
+
+comm.all_reduce = counted_all_reduce
 
 
 def feed():
@@ -94,9 +106,12 @@ updater = DynamicLossScalingUpdater(solver, loss, feed, scale="auto", N=3,
                                     comm=comm, average_ranks=True)
 meta = {"rank": rank, "size": size, "local_start": local_start, "skipped": [], "scale": [],
         "next_scale": [], "stats_steps": [], "stats_max_abs": [], "loss": [],
-        "local_loss": [], "huge": huge_meta, "huge_pending": huge_pending}
+        "local_loss": [], "huge": huge_meta, "huge_pending": huge_pending,
+        "all_reduces": []}
 for _ in range(STEPS):
+    before = len(calls)
     r = updater.update()
+    meta["all_reduces"].append(len(calls) - before)
     meta["skipped"].append(bool(r.skipped))
     meta["scale"].append(r.scale)
     meta["next_scale"].append(r.next_scale)
