@@ -113,6 +113,12 @@ class UpdaterSettings:
     high_precision_loss = fixed("high_precision_loss", "The full-precision loss of the "
                                 "precision schedule, or None.", "the schedule's passes were "
                                 "built on its graph; " + _REBUILD)
+    monitor = fixed("monitor", "The step hook given as ``monitor=``, called with every "
+                    "step's result, or None.", "a hook whose work changes over the run can "
+                    "decide inside itself what to do with each result; or " + _REBUILD)
+    enable_overflow_check = fixed("enable_overflow_check", "Whether steps are checked for "
+                                  "overflow.", "the step's check, its retries and its "
+                                  "all-reduce flags were set up with it; " + _REBUILD)
 
 
 def _scaling_factor(updater: Any, value: float) -> None:

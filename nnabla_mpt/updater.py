@@ -140,7 +140,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
         self._comm = abort.updater_comm(values["comm"], values["abort_on_exception"])
         self._grads = options.exchanged_grads(values, self._params)
         self.detector = OverflowDetector(values["overflow_mode"])
-        self._check_enabled = values.get("enable_overflow_check", True)
+        self._enable_overflow_check = values.get("enable_overflow_check", True)
         self._max_retries = values["max_retries"]
         self._average_accum = values["average_accum"]
         self._average_ranks = values["average_ranks"]
@@ -193,16 +193,6 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
     def _switched(self) -> bool:
         """Whether the precision schedule runs the next step in full precision."""
         return self.schedule is not None and not self.schedule.reduced(self.steps)
-
-    @property
-    def monitor(self) -> Optional[Callable[[StepResult], Any]]:
-        """The step hook given as ``monitor=``, called with every step's result, or None."""
-        return self._monitor
-
-    @property
-    def enable_overflow_check(self) -> bool:
-        """Whether steps are checked for overflow (set at construction)."""
-        return self._check_enabled
 
     # -- the step -----------------------------------------------------------------------
     def update(self) -> StepResult:

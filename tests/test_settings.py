@@ -106,7 +106,8 @@ def test_retries_without_the_check_are_refused_as_at_construction():
 
 
 @pytest.mark.parametrize("setting", ["comm", "grads", "average_ranks", "solver", "loss",
-                                     "high_precision_loss", "shared_grads"])
+                                     "high_precision_loss", "shared_grads", "monitor",
+                                     "enable_overflow_check"])
 def test_a_setting_the_step_was_built_around_refuses_assignment(setting):
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder)
