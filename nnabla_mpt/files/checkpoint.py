@@ -4,7 +4,7 @@ Format (version 1): a NumPy ``.npz`` archive (no pickles) holding
 
 * ``param/<name>``: each parameter's data;
 * ``solver/<name>/<key>``: each solver state's arrays;
-* ``meta``: UTF-8 JSON ``{"format": "nnabla_mpt.files.checkpoint", "version": 1, "updater":
+* ``meta``: UTF-8 JSON ``{"format": "nnabla_mpt.checkpoint", "version": 1, "updater":
   <updater state_dict()>, "solver": {<name>: {"t": int, "keys": [...]}}, "params": [...]}``.
 
 :func:`save` writes the archive through :func:`nnabla_mpt.files.atomic_file.write`: under a
@@ -28,7 +28,9 @@ from ..core import _validate as check
 from . import atomic_file, regular_file
 from .checkpoint_archive import DAMAGED, Header, array, headers
 
-FORMAT = "nnabla_mpt.files.checkpoint"
+#: The tag every checkpoint's ``meta`` carries: a name of the file format, not a module
+#: path (files saved by every version carry it, so it stays as it is).
+FORMAT = "nnabla_mpt.checkpoint"
 VERSION = 1
 _META_KEYS = ("format", "version", "updater", "solver", "params")
 _ZIP_MAGIC = b"PK\x03\x04"
