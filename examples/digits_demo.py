@@ -89,7 +89,7 @@ from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
 from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater
-from nnabla_mpt.scale.gradient_stats import overall
+from nnabla_mpt.gradient_stats import overall
 
 #: The largest power of two float16 holds: a float16 loss cannot seed a larger scale.
 FP16_SEED_CEILING = 2.0 ** 15
@@ -221,7 +221,7 @@ def record_step(history, result, growth_due, loss):
     ``growth_due`` is whether the policy was at the end of a growth interval before the
     step (``policy.growth_due``): a good fp16 step there is a growth point, where the
     scale grew or held. Gradient statistics, on the steps that carry them, are kept per
-    parameter and over all parameters (``nnabla_mpt.scale.gradient_stats.overall``).
+    parameter and over all parameters (``nnabla_mpt.gradient_stats.overall``).
     """
     history["loss"].append(loss)
     history["scale"].append(float(result.scale))
@@ -810,7 +810,7 @@ def parse_args(argv=None):
             p.error("--{} must be >= 1, got {}".format(name.replace("_", "-"),
                                                        getattr(args, name)))
     if args.accelerate_train_mode is not None:
-        from nnabla_mpt.scale.precision import AccelerateTrainMode
+        from nnabla_mpt.precision import AccelerateTrainMode
         try:
             mode = AccelerateTrainMode.parse(args.accelerate_train_mode)
         except ValueError as err:

@@ -55,9 +55,6 @@ class _DocumentedPaths(_abc.MetaPathFinder, _abc.Loader):
     documented submodule that lives in a folder: the module at its folder's path, the same
     object under both names (an import under the short name loads nothing else)."""
 
-    def __init__(self) -> None:
-        self._own = {}    # short name -> the spec of the module's own path
-
     def find_spec(self, fullname, path=None, target=None):
         package, _, name = fullname.rpartition(".")
         if package != __name__ or _SUBMODULES.get(name, name) == name:
@@ -67,14 +64,16 @@ class _DocumentedPaths(_abc.MetaPathFinder, _abc.Loader):
     def create_module(self, spec):
         module = _importlib.import_module(f".{_SUBMODULES[spec.name.rpartition('.')[2]]}",
                                           __name__)
-        self._own[spec.name] = module.__spec__
+        spec.loader_state = module.__spec__
         return module
 
     def exec_module(self, module):
         # The import machinery gave the module the short name's spec: it keeps its own.
-        module.__spec__ = self._own.pop(module.__spec__.name)
+        module.__spec__ = module.__spec__.loader_state
 
 
+# One finder, also when the package is reloaded.
+_sys.meta_path[:] = [f for f in _sys.meta_path if type(f).__name__ != "_DocumentedPaths"]
 _sys.meta_path.insert(0, _DocumentedPaths())
 
 

@@ -141,7 +141,7 @@ def _scale_or_auto(name: str, value: Any) -> Any:
 #: What a scale the loss's dtype rounds does, said by both updaters' ``scale``.
 _ROUNDED = (" A scale the loss's dtype holds only rounded (3000.7 is 3000 in float16) seeds "
             "the pass rounded, and the gradients are divided by that rounded value "
-            "(:func:`~nnabla_mpt.scale.seed.held_scale`).")
+            "(:func:`~nnabla_mpt.seed.held_scale`).")
 
 SCALE = Option(
     "scale", 8.0, Union[float, Literal["auto"]],
@@ -230,7 +230,7 @@ COMMON = (
            "Precision schedule ``\"TYPE|TRIGGER|VALUE\"``, e.g. ``\"fast|step|0.9\"``: "
            "reduced precision (``loss``) first, then full precision "
            "(``high_precision_loss``, run with scale 1 and the overflow check kept). See "
-           ":mod:`nnabla_mpt.scale.precision`.", _with_the_schedule),
+           ":mod:`nnabla_mpt.precision`.", _with_the_schedule),
     Option("total_steps", None, Optional[int],
            "Total steps of the run, for the ``step`` trigger.", _with_the_schedule),
     Option("final_loss", None, Optional[float],
@@ -242,7 +242,7 @@ COMMON = (
            "What to do when the loss scale collapses, i.e. when the overflow streak "
            "reaches ``diagnose_after`` or a step overflows at ``min_scale`` (a fixed scale "
            "has no floor): the updater replays the last batch with "
-           ":func:`nnabla_mpt.diagnosis.diagnosis.diagnose` and ``\"raise\"`` (default) raises "
+           ":func:`nnabla_mpt.diagnose` and ``\"raise\"`` (default) raises "
            ":class:`~nnabla_mpt.LossScaleCollapseError` carrying the report; "
            "``\"warn\"`` logs the report once (``logger.warning``) and keeps skipping; "
            "``\"ignore\"`` does neither (and runs no diagnosis). The report is kept in "

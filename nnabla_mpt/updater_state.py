@@ -4,7 +4,7 @@ state replaces.
 
 The updater builds the state (``state_dict()``) and applies it (``load_state_dict()``);
 this module says what a valid state is. The policy's and the precision schedule's parts
-are theirs to check (:mod:`nnabla_mpt.scale.policy`, :mod:`nnabla_mpt.scale.precision`).
+are theirs to check (:mod:`nnabla_mpt.policy`, :mod:`nnabla_mpt.precision`).
 """
 import copy
 from operator import attrgetter

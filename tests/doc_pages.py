@@ -1,4 +1,5 @@
 """The code blocks of the documentation pages, as the tests that run them read them."""
+import os
 import pathlib
 import re
 import subprocess
@@ -45,9 +46,11 @@ def page_blocks(page: pathlib.Path, language: str = "python"):
 
 def run_blocks(blocks, folder: pathlib.Path, name: str):
     """Run code blocks in order as one script ``<folder>/<name>.py``, in a fresh
-    interpreter started in ``folder``, as a reader would paste them; the CompletedProcess
-    (``stdout`` and ``stderr`` as text)."""
+    interpreter started in ``folder`` with this checkout's package first on the path, as
+    a reader would paste them; the CompletedProcess (``stdout`` and ``stderr`` as text)."""
     script = folder / f"{name}.py"
     script.write_text("\n\n".join(blocks), encoding="utf-8")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, str(script)], cwd=folder, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)

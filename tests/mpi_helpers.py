@@ -105,11 +105,12 @@ def bits(x):
     return x.view(np.dtype(f"u{x.dtype.itemsize}"))
 
 
+def load_meta(outdir, n, stem="rank"):
+    """Per-rank JSON results written by the workers: list of dicts."""
+    return [json.loads((Path(outdir) / f"{stem}{r}.json").read_text()) for r in range(n)]
+
+
 def load_ranks(outdir, n, stem="rank"):
     """Per-rank results written by the workers: list of (npz dict, json dict)."""
-    res = []
-    for r in range(n):
-        npz = dict(np.load(Path(outdir) / f"{stem}{r}.npz"))
-        meta = json.loads((Path(outdir) / f"{stem}{r}.json").read_text())
-        res.append((npz, meta))
-    return res
+    return [(dict(np.load(Path(outdir) / f"{stem}{r}.npz")), meta)
+            for r, meta in enumerate(load_meta(outdir, n, stem))]

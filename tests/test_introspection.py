@@ -13,13 +13,17 @@ from support import Net
 
 COUNTERS = ("steps", "updates", "skipped_steps")
 API = (ROOT / "docs" / "api.rst").read_text(encoding="utf-8")
-# The submodules the API page documents, by their paths in the package (``scale.policy``):
-# the modules of its ``automodule`` and of the functions and data it shows by full name.
-DOCUMENTED_PATHS = sorted(set(
+# The submodules the API page documents, by the short names a script imports them by
+# (``nnabla_mpt.policy``): the modules of its ``automodule`` and of the functions and data
+# it shows by full name.
+DOCUMENTED_SUBMODULES = sorted(set(
     re.findall(r"^\.\. auto(?:function|data):: nnabla_mpt\.([\w.]+)\.\w+$", API, re.M)
     + re.findall(r"^\.\. automodule:: nnabla_mpt\.([\w.]+)$", API, re.M)))
-# ... and the short names a script imports them by (``nnabla_mpt.policy``).
-DOCUMENTED_SUBMODULES = sorted(path.rpartition(".")[2] for path in DOCUMENTED_PATHS)
+# ... and where they live in the package's folders.
+DOCUMENTED_PATHS = {"launcher": "distributed.launcher", "nnabla_api": "distributed.nnabla_api",
+                    "monitoring": "monitoring", "gradient_stats": "scale.gradient_stats",
+                    "measured": "scale.measured", "policy": "scale.policy",
+                    "precision": "scale.precision", "seed": "scale.seed"}
 
 
 @pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
@@ -68,15 +72,12 @@ def test_dir_of_the_package_shows_the_public_api_and_the_documented_submodules()
     assert "Any" not in names and "importlib" not in names
     assert {"updater", "communicator", "dtypes"}.isdisjoint(names)
     assert "__version__" in names
-    for path in DOCUMENTED_PATHS:
-        name = path.rpartition(".")[2]
+    for name, path in DOCUMENTED_PATHS.items():
         assert getattr(nnabla_mpt, name).__name__ == f"nnabla_mpt.{path}"
 
 
 def test_documented_submodules_are_found_in_the_api_page():
-    assert DOCUMENTED_PATHS == ["distributed.launcher", "distributed.nnabla_api", "monitoring",
-                                "scale.gradient_stats", "scale.measured", "scale.policy",
-                                "scale.precision", "scale.seed"]
+    assert DOCUMENTED_SUBMODULES == sorted(DOCUMENTED_PATHS)
 
 
 SHORT_PATHS = """
@@ -93,6 +94,11 @@ for short, path in [("policy", "scale.policy"), ("measured", "scale.measured"),
     assert module.__name__ == module.__spec__.name == f"nnabla_mpt.{path}"
 assert SCALE_LIMIT is nnabla_mpt.scale.policy.SCALE_LIMIT
 assert held_scale is nnabla_mpt.scale.seed.held_scale and launcher is nnabla_mpt.launcher
+from nnabla_mpt.diagnosis import diagnose, OverflowReport   # the diagnosis was one module
+assert diagnose is nnabla_mpt.diagnose and OverflowReport is nnabla_mpt.OverflowReport
+import importlib
+importlib.reload(nnabla_mpt)
+assert sum(type(f).__name__ == "_DocumentedPaths" for f in sys.meta_path) == 1
 """
 
 

@@ -1,6 +1,6 @@
 """What a diagnosis found, for programs and as a text for people.
 
-:class:`OverflowReport` holds the finding of :func:`nnabla_mpt.diagnosis.diagnosis.diagnose`
+:class:`OverflowReport` holds the finding of :func:`nnabla_mpt.diagnose`
 and prints as a report: what happened, where, why it matters and what to do (the advice for
 common culprit functions is a table here). :class:`LossScaleCollapseError` carries a report
 when the loss scale collapses.

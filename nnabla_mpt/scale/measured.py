@@ -2,7 +2,7 @@
 
 Every measurement comes from a watched backward pass
 (:class:`~nnabla_mpt.diagnosis.watch.RangeWatch`) run at some scale ``s``, whose seed holds
-``h``, the scale rounded to the loss's dtype (:func:`~nnabla_mpt.scale.seed.held_scale`;
+``h``, the scale rounded to the loss's dtype (:func:`~nnabla_mpt.seed.held_scale`;
 ``h = s`` where the dtype holds ``s``), which finds how far the pass's gradients could be
 multiplied before one of them leaves its dtype::
 

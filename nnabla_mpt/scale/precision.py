@@ -11,7 +11,7 @@ The schedule is asked for with a string ``"TYPE|TRIGGER|VALUE"``:
 This module is pure Python: it parses, validates and decides; the updater runs the graphs.
 
 Example:
-    >>> from nnabla_mpt.scale.precision import AccelerateTrainMode
+    >>> from nnabla_mpt.precision import AccelerateTrainMode
     >>> mode = AccelerateTrainMode.parse("fast|step|0.8")
     >>> mode.switch_step(total_steps=50)
     40

@@ -5,7 +5,7 @@ scale's floor (``min_scale``). After every skipped step :meth:`CollapseWatch.aft
 decides:
 
 1. no collapse, or ``floor_policy="ignore"``, or this streak was already reported: nothing;
-2. else replay the batch with :func:`nnabla_mpt.diagnosis.diagnosis.diagnose` (once per streak) and
+2. else replay the batch with :func:`nnabla_mpt.diagnose` (once per streak) and
    keep the report in ``last_report``;
 3. a pure overflow (the batch is finite at a smaller scale, on some rank and a data or
    model problem on none) while a dynamic scale can still back off is the policy doing

@@ -8,14 +8,13 @@ communicator, as nnabla's C++ communicator calls it). Without the updater's exce
 the other ranks would wait in the step's all-reduce forever; the launch is bounded by
 ``run_mpi``'s timeout, so that hang fails the test instead of the suite.
 """
-import json
 import subprocess
 import sys
 import time
 
 import pytest
 
-from mpi_helpers import TIMEOUT, check_ok, run_mpi
+from mpi_helpers import TIMEOUT, check_ok, load_meta, run_mpi
 from support import Net
 
 
@@ -43,8 +42,7 @@ def test_a_rank_that_raises_ends_the_job_through_the_communicators_abort(tmp_pat
 def test_the_hook_is_installed_unless_abort_on_exception_is_false(tmp_path, flag):
     # nothing raises here: both runs end normally whatever the hook
     check_ok(run_mpi(2, "stand_in_comm.py", tmp_path, "hook", flag))
-    for r in range(2):
-        meta = json.loads((tmp_path / f"rank{r}.json").read_text())
+    for r, meta in enumerate(load_meta(tmp_path, 2)):
         assert meta == {"hook_changed": flag, "steps": 2}, f"rank {r}"
 
 

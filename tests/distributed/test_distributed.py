@@ -3,7 +3,6 @@
 The worker (tests/mpi_workers/train.py) trains with MPICommunicator on 2 or 3 ranks and
 saves what every rank saw; the assertions are here.
 """
-import json
 import re
 import subprocess
 
@@ -11,7 +10,8 @@ import numpy as np
 import pytest
 
 from doc_pages import ROOT
-from mpi_helpers import RANKS, TIMEOUT, check_ok, ranks_fixture, run_mpi, run_ranks
+from mpi_helpers import (RANKS, TIMEOUT, check_ok, load_meta, ranks_fixture, run_mpi,
+                         run_ranks)
 
 BAD_RANK = 1
 BAD_STEPS = [2, 3, 7]
@@ -243,8 +243,7 @@ def test_overflow_streak_from_one_rank_is_diagnosed_alike_on_every_rank(tmp_path
 def test_ranks_that_would_exchange_different_gradients_get_the_same_error(tmp_path, mode):
     n = 2
     check_ok(run_mpi(n, "mismatch.py", tmp_path, mode))
-    errors = [json.loads((tmp_path / f"rank{r}.json").read_text())["error"]
-              for r in range(n)]
+    errors = [meta["error"] for meta in load_meta(tmp_path, n)]
     if mode == "same":
         assert errors == [None] * n
         return

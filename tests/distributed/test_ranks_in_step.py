@@ -2,17 +2,16 @@
 every rank's step index (``exchange.SummedFlags`` / ``SlottedFlags``), under real
 ``mpiexec -n 3``, with MPICommunicator and with the stand-in for nnabla's communicator
 reducing in float16 (``mpi_workers/standins.py``)."""
-import json
 
 import pytest
 
-from mpi_helpers import check_ok, run_mpi
+from mpi_helpers import check_ok, load_meta, run_mpi
 
 
 @pytest.mark.parametrize("comm", ["mpi", "float16"])
 def test_a_rank_out_of_step_is_named_on_every_rank(tmp_path, comm):
     check_ok(run_mpi(3, "out_of_step.py", tmp_path, comm))
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    ranks = load_meta(tmp_path, 3)
     errors = {meta["error"] for meta in ranks}
     assert len(errors) == 1, errors                      # the same error on every rank
     error = errors.pop()
