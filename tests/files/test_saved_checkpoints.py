@@ -2,7 +2,7 @@
 
 ``data/checkpoint_ffacf80.npz`` was saved by the package at ffacf80, before its modules
 moved into folders, by :func:`train` (``python tests/files/test_saved_checkpoints.py
-PATH`` with that version's folder first on ``PYTHONPATH``).
+PATH`` with that version's folder, then ``tests``, first on ``PYTHONPATH``).
 """
 import pathlib
 import sys
@@ -16,6 +16,7 @@ import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
 from nnabla_mpt import DynamicLossScalingUpdater
+from support import assert_bitwise_equal, assert_states_bitwise_equal, solver_states
 
 SAVED = pathlib.Path(__file__).parent / "data" / "checkpoint_ffacf80.npz"
 STEPS = 6
@@ -46,19 +47,14 @@ def train(steps):
 def test_a_checkpoint_saved_before_the_folders_loads_as_the_same_run():
     updater, solver = train(STEPS)
     params = {k: v.d.copy() for k, v in nn.get_parameters().items()}
-    states = {k: {n: a.d.copy() for n, a in s.pstate.items()}
-              for k, s in solver.get_states().items()}
-    state = updater.state_dict()
+    states, state = solver_states(solver), updater.state_dict()
     assert state["steps"] == STEPS
 
     fresh, fresh_solver = train(0)
     fresh.load_checkpoint(str(SAVED))
     assert fresh.state_dict() == state
-    for k, v in nn.get_parameters().items():
-        np.testing.assert_array_equal(v.d, params[k], err_msg=k)
-    for k, s in fresh_solver.get_states().items():
-        for n, a in s.pstate.items():
-            np.testing.assert_array_equal(a.d, states[k][n], err_msg=f"{k}/{n}")
+    assert_bitwise_equal({k: v.d for k, v in nn.get_parameters().items()}, params)
+    assert_states_bitwise_equal(solver_states(fresh_solver), states)
 
 
 if __name__ == "__main__":
