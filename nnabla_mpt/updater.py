@@ -254,8 +254,7 @@ class _LossScalingUpdater(CollapseAttributes, UpdaterSettings, updater_state.Ste
         # A skipped step's non-finite loss or batch is no overflow: a smaller scale cannot
         # fix it, so the scale is kept; scale="auto" measures again, on the next batch.
         if scaled and not (loss_nonfinite or bad_batch):
-            self.policy.update(skipped, None if room is None
-                               else self._meter.settled(room, skipped))
+            self.policy.update(skipped, self._meter.settled(room, skipped))
         if fed and bad_batch:
             self._meter.calibration_pending = True
         self._steps += 1
