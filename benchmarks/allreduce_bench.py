@@ -45,8 +45,8 @@ from nnabla.ext_utils import get_extension_context
 
 from _machine import cpu_model
 from nnabla_mpt import MPICommunicator
-from nnabla_mpt.distributed._fused import MessageReduction
 from nnabla_mpt.core._hostarray import host_view
+from nnabla_mpt.distributed.message_reduction import MessageReduction
 
 
 def layouts():

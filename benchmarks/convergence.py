@@ -65,7 +65,7 @@ from nnabla.logger import logger  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from nnabla_mpt import DynamicLossScalingUpdater, LossScaleCallback  # noqa: E402
-from nnabla_mpt.measured import MARGIN  # noqa: E402
+from nnabla_mpt.scale.measured import MARGIN  # noqa: E402
 try:
     from nnabla_mpt.scale.scale_history import MIN_SAMPLES, WATCH_EVERY  # noqa: E402
 except ImportError:                             # a checkout from before the folders

@@ -34,7 +34,7 @@ def worker(args):
     import nnabla.solvers as S
     from nnabla.ext_utils import get_extension_context
 
-    from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+    from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator
 
     comm = MPICommunicator()
     reduce_time = [0.0]
@@ -65,7 +65,7 @@ def worker(args):
 
     updater = DynamicLossScalingUpdater(solver, loss, feed, scale=8.0,
                                         comm=comm if comm.size > 1 else None,
-                                        average_ranks=True)
+                                        reduction=GradientReduction(average_ranks=True))
     for _ in range(args.warmup):
         updater.update()
     comm.barrier()

@@ -69,7 +69,7 @@ try:
     from nnabla_mpt.core.graph import float_context  # noqa: E402
 except ImportError:                             # a checkout from before the folders
     from nnabla_mpt.graph import float_context  # noqa: E402
-from nnabla_mpt.gradient_stats import gradient_stats, overall  # noqa: E402
+from nnabla_mpt.scale.gradient_stats import gradient_stats, overall  # noqa: E402
 
 SCENARIOS = {"skipped": 300.0, "trained": 30.0}
 QUARTER = 4           # the spike multiplies 1 / QUARTER of the batch

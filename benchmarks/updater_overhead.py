@@ -20,7 +20,9 @@ each contender and the median over rounds of the per-round ratios.
 With ``--with-clip`` a fourth contender, ours with ``clip_grad_norm`` (the global gradient
 norm computed every step), joins the rotation and the table adds its ratio to ours. The
 bound is ``--clip-bound`` (default 1e30, never reached; a small one clips every step).
-With ``--saturation`` every nnabla_mpt contender checks with ``overflow_mode="saturation"``.
+With ``--saturation`` every nnabla_mpt contender checks with
+``overflow=OverflowHandling(mode="saturation")`` (a ``--before`` revision from before that
+option, with the keyword it had then, ``overflow_mode="saturation"``).
 
 With ``--before REV`` another contender, ``before``, is nnabla_mpt as it was at the git
 revision ``REV`` (extracted into a temporary folder and imported as ``nnabla_mpt_before``):
@@ -45,6 +47,7 @@ Usage:
         [--clip-bound C] [--saturation] [--before REV] [--control] [--layouts K]
 """
 import argparse
+import importlib
 import io
 import os
 import platform
@@ -75,7 +78,7 @@ from nnabla_mpt import DynamicLossScalingUpdater  # noqa: E402
 
 BeforeUpdater = None  # DynamicLossScalingUpdater of --before REV, when asked for
 CLIP_BOUND = 1e30     # clip_grad_norm of the clipping contenders (--clip-bound)
-OURS_OPTIONS = {}     # options of every nnabla_mpt contender (--saturation)
+SATURATION = False    # every nnabla_mpt contender checks in saturation mode (--saturation)
 
 BATCH = 64
 SCALE = 8.0
@@ -148,9 +151,20 @@ def _hand(spec, seed, check=False):
     return hand, params
 
 
+def _saturation(cls):
+    """The option of ``cls`` (ours, or the updater of ``--before``) that asks for the check
+    in saturation mode, in the spelling of its package: ``overflow=OverflowHandling(...)``
+    of that package, or ``overflow_mode=`` in a revision from before OverflowHandling."""
+    package = importlib.import_module(cls.__module__.partition(".")[0])
+    handling = getattr(package, "OverflowHandling", None)
+    if handling is None:
+        return {"overflow_mode": "saturation"}
+    return {"overflow": handling(mode="saturation")}
+
+
 def _updater(cls, scope, **options):
-    if cls is not NnablaUpdater:
-        options.update(OURS_OPTIONS)
+    if cls is not NnablaUpdater and SATURATION:
+        options.update(_saturation(cls))
 
     def make(spec, seed):
         loss, params = build(scope, spec, seed)
@@ -274,7 +288,8 @@ def _arguments(argv):
                              "never reached)")
     parser.add_argument("--saturation", action="store_true",
                         help="every nnabla_mpt contender (ours, before, again, the clipping "
-                             "ones) checks with overflow_mode='saturation'")
+                             "ones) checks with "
+                             "overflow=OverflowHandling(mode='saturation')")
     parser.add_argument("--clock", choices=list(CLOCKS), default="cpu",
                         help="cpu: CPU time of this process (default; robust when other "
                              "programs share the machine), wall: elapsed time")
@@ -302,7 +317,7 @@ def _print_header(args):
     """Prints the run's settings, the machine and the table's header."""
     layouts = f" over {args.layouts} builds" if args.layouts > 1 else ""
     order = "/".join(name for name, _ in contender_makers(args.with_clip, args.control))
-    mode = ", overflow_mode='saturation'" if args.saturation else ""
+    mode = ", overflow=OverflowHandling(mode='saturation')" if args.saturation else ""
     print(f"# updater step time, float{mode}, batch {BATCH}, Momentum; {args.rounds} rounds"
           f"{layouts} "
           f"(+{args.warmup} warm-up each) of interleaved blocks {order}, {args.clock} clock")
@@ -331,11 +346,10 @@ def _clip_columns(med, ratio_clip):
 
 def main(argv=None):
     args = _arguments(argv)
-    global clock, BeforeUpdater, CLIP_BOUND
+    global clock, BeforeUpdater, CLIP_BOUND, SATURATION
     clock = CLOCKS[args.clock]
     CLIP_BOUND = args.clip_bound
-    if args.saturation:
-        OURS_OPTIONS["overflow_mode"] = "saturation"
+    SATURATION = args.saturation
     if args.before:
         BeforeUpdater = import_before(args.before)
     logger.setLevel("WARNING")

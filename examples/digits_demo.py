@@ -88,8 +88,8 @@ import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
-from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater
-from nnabla_mpt.gradient_stats import overall
+from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater, PrecisionSchedule
+from nnabla_mpt.scale.gradient_stats import overall
 
 #: The largest power of two float16 holds: a float16 loss cannot seed a larger scale.
 FP16_SEED_CEILING = 2.0 ** 15
@@ -200,10 +200,10 @@ def updater_options(schedule, steps, monitor_dir, monitor_interval):
     options, hook, loss_series = {}, None, None
     if schedule is not None:
         trigger = schedule["mode"].split("|")[1].strip()
-        options = dict(accelerate_train_mode=schedule["mode"],
-                       high_precision_loss=schedule["graph"]["loss"],
-                       total_steps=steps if trigger == "step" else None,
-                       final_loss=schedule["final_loss"])
+        options["schedule"] = PrecisionSchedule(
+            schedule["mode"], total_steps=steps if trigger == "step" else None,
+            final_loss=schedule["final_loss"],
+            high_precision_loss=schedule["graph"]["loss"])
     if monitor_dir is not None:
         from nnabla.monitor import Monitor, MonitorSeries
         from nnabla_mpt import LossScaleMonitor
@@ -221,7 +221,7 @@ def record_step(history, result, growth_due, loss):
     ``growth_due`` is whether the policy was at the end of a growth interval before the
     step (``policy.growth_due``): a good fp16 step there is a growth point, where the
     scale grew or held. Gradient statistics, on the steps that carry them, are kept per
-    parameter and over all parameters (``nnabla_mpt.gradient_stats.overall``).
+    parameter and over all parameters (``nnabla_mpt.scale.gradient_stats.overall``).
     """
     history["loss"].append(loss)
     history["scale"].append(float(result.scale))
@@ -300,9 +300,10 @@ def train_fp16(graph, solver, stream, steps, scaling, loss_divisor=1, progress="
     to the training loss.
 
     ``schedule`` optionally switches to full precision for the end of training: a dict
-    with ``mode`` (``accelerate_train_mode``), ``graph`` (the same network built under
-    the float context, sharing the parameters) and ``final_loss`` (the target of a
-    ``loss`` trigger, or None).
+    with ``mode`` (the :class:`~nnabla_mpt.PrecisionSchedule`'s mode, as
+    ``--accelerate-train-mode`` gives it), ``graph`` (the same network built under the
+    float context, sharing the parameters) and ``final_loss`` (the target of a ``loss``
+    trigger, or None); the updater gets them as ``schedule=PrecisionSchedule(...)``.
 
     ``progress``: ``"bar"`` (a tqdm bar, log lines written through it), ``"lines"``
     (:class:`ProgressLines` on stdout) or None.
@@ -810,7 +811,7 @@ def parse_args(argv=None):
             p.error("--{} must be >= 1, got {}".format(name.replace("_", "-"),
                                                        getattr(args, name)))
     if args.accelerate_train_mode is not None:
-        from nnabla_mpt.precision import AccelerateTrainMode
+        from nnabla_mpt.scale.precision import AccelerateTrainMode
         try:
             mode = AccelerateTrainMode.parse(args.accelerate_train_mode)
         except ValueError as err:

@@ -24,7 +24,7 @@ import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
-from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator
 
 
 def load_data(seed):
@@ -76,7 +76,7 @@ def main():
         x.d, t.d = shard_x[idx], shard_y[idx]
 
     updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 15, N=100, comm=comm,
-                                        average_ranks=True)
+                                        reduction=GradientReduction(average_ranks=True))
     start = time.perf_counter()
     for i in range(args.steps):
         step = updater.update()

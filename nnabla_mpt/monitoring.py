@@ -228,3 +228,16 @@ class LossScaleMonitor(LossScaleCallback):
     def __repr__(self) -> str:
         return (f"LossScaleMonitor(monitor=Monitor({self.monitor.save_path!r}), "
                 f"interval={self.interval}, prefix={self.prefix!r})")
+
+
+def checked_step_hook(name: str, monitor: Any) -> Any:
+    """The ``monitor`` option checked: None or a callable (a bare nnabla Monitor is refused
+    with how to wrap it)."""
+    if monitor is None or callable(monitor):
+        return monitor
+    hint = ""
+    if hasattr(monitor, "save_path"):
+        hint = (" (wrap an nnabla.monitor.Monitor in nnabla_mpt.LossScaleMonitor: "
+                "monitor=LossScaleMonitor(Monitor(path), interval=100))")
+    raise TypeError(f"{name} must be None or a callable taking one StepResult, got "
+                    f"{monitor!r} of type {type(monitor).__name__}{hint}")

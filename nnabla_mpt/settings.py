@@ -1,171 +1,221 @@
-"""The updaters' settings a script may change between steps.
+"""The updaters' settings: one table says, for each, whether a script may change it.
 
 nnabla's updater reads its attributes at every ``update()``, so scripts written for it
-assign them between steps (a weight-decay schedule, a new accumulation). Here each
-setting is a property: an assignment is checked as the constructor checks the option
-(:mod:`nnabla_mpt.options`) and takes effect from the next ``update()``; a setting the
-step was built around (the communicator, the gradients it reduces, the graphs) refuses
-the assignment with an ``AttributeError`` that says what to do instead. Nothing is ignored.
-
-The values live in the updater's ``_<name>`` attributes, which the step loop reads, or only
-where the step reads them (the unscaler's, the policy's).
+assign them between steps (a weight-decay schedule, a new accumulation). Every public
+setting of the updaters is a row of :data:`BOTH` or :data:`DYNAMIC` and becomes a property
+(:func:`install`): reading gives the value in use, from the one place the step reads it;
+assigning either takes effect from the next ``update()``, checked as the constructor checks
+it (a *live* setting), or is refused with an ``AttributeError`` that says what to do
+instead. While ``update()`` runs (a data feeder or a monitor assigning) every assignment
+is refused: the running step would mix the old and the new value. Nothing is ignored.
 """
+from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence
 
 from . import options
+from .core import _validate as check
+from .step.feeder import install_feeder
+from .step.overflow_handling import FLOOR_POLICIES, check_retries
 
 
-def live(name: str, doc: str, apply: Optional[Callable[[Any, Any], None]] = None,
-         check: Optional[Callable[[Any, Any], Any]] = None,
-         kept: Optional[Tuple[str, str]] = None) -> property:
-    """A setting that takes effect from the next ``update()``: the assignment is refused
-    while ``update()`` runs (a feeder or a monitor assigning would mix the old and the new
-    value in the running step), checked by the option's check (or
-    ``check(updater, value)``), then ``apply(updater, value)`` hands it to the part of the
-    step that uses it. The value lives in the updater's ``_<name>``, or, with
-    ``kept=(owner, field)``, only in ``updater.<owner>.<field>`` (set there unless
-    ``apply`` sets it), the one place the step reads it from."""
-    option = options.option_named(name)
-    owner, field = kept if kept is not None else (None, "_" + name)
-
-    def holder(updater: Any) -> Any:
-        return updater if owner is None else getattr(updater, owner)
-
-    def assign(updater: Any, value: Any) -> None:
-        if not updater._idle:      # update() holds the token: a feeder or monitor assigns
-            raise RuntimeError(f"{type(updater).__name__}.{name} = {value!r} refused during "
-                               f"update() (from a data_feeder or a monitor): assign it "
-                               f"between update() calls; it takes effect from the next one")
-        value = option.check(name, value) if check is None else check(updater, value)
-        if apply is not None:
-            apply(updater, value)
-        if apply is None or owner is None:
-            setattr(holder(updater), field, value)
-
-    if owner is None:
-        return property(attrgetter(field), assign, doc=doc)
-    return property(lambda updater: getattr(holder(updater), field), assign, doc=doc)
+def _set_path(path: str, updater: Any, value: Any) -> None:
+    owner, _, name = path.rpartition(".")
+    setattr(attrgetter(owner)(updater) if owner else updater, name, value)
 
 
-def fixed(name: str, doc: str, instead: str) -> property:
-    """A setting the step was built around: reading gives it, assigning raises
-    ``AttributeError`` saying ``instead``, what to do."""
-    def assign(updater: Any, value: Any) -> None:
-        raise AttributeError(f"{type(updater).__name__}.{name} cannot be changed after "
-                             f"construction ({name} = {value!r} refused): {instead}")
+@dataclass(frozen=True)
+class Setting:
+    """One public setting of the updaters.
 
-    return property(attrgetter("_" + name), assign, doc=doc)
+    Attributes:
+        name: The attribute's name.
+        doc: What it is (its property's docstring).
+        read: Where the step reads it, as an attribute path from the updater
+            (``"_unscaler.weight_decay"``).
+        live: Whether an assignment takes effect from the next ``update()``.
+        check: ``check(updater, value)`` returns the value to use or raises naming the
+            setting; by default the constructor option's check.
+        take: ``take(updater, value)`` hands a checked value to the step; by default it is
+            set at ``read``.
+        instead: For a setting that is not live: what to do instead of assigning.
+    """
+    name: str
+    doc: str
+    read: str
+    live: bool = False
+    check: Optional[Callable[[Any, Any], Any]] = None
+    take: Optional[Callable[[Any, Any], None]] = None
+    instead: str = ""
+
+    def as_property(self) -> property:
+        """The setting as a property of an updater class."""
+        return property(attrgetter(self.read), self._assign, doc=self.doc)
+
+    def _assign(self, updater: Any, value: Any) -> None:
+        owner, name = type(updater).__name__, self.name
+        if updater._running:
+            raise RuntimeError(f"{owner}.{name} = {value!r} refused during update() (from a "
+                               f"data_feeder or a monitor): assign it between update() "
+                               f"calls; it takes effect from the next one")
+        if not self.live:
+            raise AttributeError(f"{owner}.{name} cannot be changed after construction "
+                                 f"({name} = {value!r} refused): {self.instead}")
+        value = (options.option_named(name).check(name, value) if self.check is None
+                 else self.check(updater, value))
+        (self.take or partial(_set_path, self.read))(updater, value)
+
+
+def install(cls: type, table: Sequence[Setting]) -> type:
+    """Gives ``cls`` a property for every setting of ``table``."""
+    for setting in table:
+        setattr(cls, setting.name, setting.as_property())
+    return cls
 
 
 _REBUILD = "build a new updater with it (save_checkpoint, then load_checkpoint into the new one)"
 
-#: The options a dynamic updater's policy keeps (a loaded state may change them).
-IN_POLICY = ("backoff_factor", "hysteresis", "min_scale", "max_scale", "growth_mode")
+
+def _built_around(name: str, doc: str, read: str, why: str, joint: str = "; ") -> Setting:
+    """A setting the step was built around: refused, saying why and to rebuild."""
+    return Setting(name, doc, read, instead=f"{why}{joint}{_REBUILD}")
+
+
+def _given(name: str, read: str, spelling: Optional[str] = None) -> Setting:
+    """An option read as given to the constructor: refused, saying where to pass it."""
+    where = spelling or f"{name}="
+    return Setting(name, f"``{name}`` as given to the constructor (read-only).", read,
+                   instead=f"pass {where} to the constructor; {_REBUILD}")
 
 
 def _accum_grad(updater: Any, value: int) -> None:
+    updater._accum_grad = value
     for recorder, _ in updater._passes.values():
         recorder.set_accum_grad(value)
     updater._unscaler.accum_divisor = value if updater._average_accum else 1
 
 
 def _average_accum(updater: Any, value: bool) -> None:
+    updater._average_accum = value
     updater._unscaler.accum_divisor = updater._accum_grad if value else 1
 
 
 def _max_retries(updater: Any, value: Any) -> int:
-    value = options.option_named("max_retries").check("max_retries", value)
-    options.check_retries(value, updater.enable_overflow_check)
+    value = check.integer("max_retries", value, ge=0)
+    check_retries(value, updater.enable_overflow_check)
     return value
 
 
-class UpdaterSettings:
-    """The settings of both updaters (a mixin of the step loop's class)."""
-
-    accum_grad = live("accum_grad", "Forward/backward passes whose gradients are summed "
-                      "per update (assignable: from the next update()).", _accum_grad)
-    average_accum = live("average_accum", "Whether the accumulated gradients are divided "
-                         "by ``accum_grad`` (assignable).", _average_accum)
-    weight_decay = live("weight_decay", "Weight decay of the unscaled gradients, or None "
-                        "(assignable: a weight-decay schedule takes effect from the next "
-                        "update()).", kept=("_unscaler", "weight_decay"))
-    clip_grad_norm = live("clip_grad_norm", "The bound of the unscaled gradients' global L2 "
-                          "norm, or None (assignable).", kept=("_unscaler", "clip"))
-    clear_buffer = live("clear_buffer", "Whether forward and backward free intermediate "
-                        "buffers (assignable).")
-    max_retries = live("max_retries", "Retries of a skipped step within one update() "
-                       "(assignable).", check=_max_retries)
-    comm = fixed("comm", "The communicator, or None.", "the all-reduce, its buffers and the "
-                 "ranks' agreement are set up for it at construction; " + _REBUILD)
-    grads = fixed("grads", "The gradients reduced across the ranks.", "the step's all-reduce "
-                  "was set up for them at construction; " + _REBUILD)
-    average_ranks = fixed("average_ranks", "Whether the all-reduce divides by the ranks.",
-                          "it is part of the all-reduce set up at construction (and of "
-                          "the measured scale's bounds); " + _REBUILD)
-    solver = fixed("solver", "The solver.", "the step checks, unscales and updates through "
-                   "the solver it was given and its parameters; " + _REBUILD)
-    loss = fixed("loss", "The loss Variable.", "the step's passes, seeds and checks were "
-                 "built on its graph; " + _REBUILD)
-    shared_grads = fixed("shared_grads", "The :class:`~nnabla_mpt.SharedGradients` in use, "
-                         "or None.", "the gradients were placed (or not) in the "
-                         "communicator's shared memory at construction; " + _REBUILD)
-    high_precision_loss = fixed("high_precision_loss", "The full-precision loss of the "
-                                "precision schedule, or None.", "the schedule's passes were "
-                                "built on its graph; " + _REBUILD)
-    monitor = fixed("monitor", "The step hook given as ``monitor=``, called with every "
-                    "step's result, or None.", "a hook whose work changes over the run can "
-                    "decide inside itself what to do with each result; or " + _REBUILD)
-    enable_overflow_check = fixed("enable_overflow_check", "Whether steps are checked for "
-                                  "overflow.", "the step's check, its retries and its "
-                                  "all-reduce flags were set up with it; " + _REBUILD)
+def _scale(updater: Any, value: Any) -> Any:
+    if updater._switched():
+        schedule = updater._schedule
+        raise RuntimeError(f"updater.scale = {value!r} is refused: the precision schedule "
+                           f"{schedule.mode.text!r} switched to full precision at step "
+                           f"{schedule.switch_step}; those steps run unscaled (scale 1), so "
+                           f"there is no loss scale to set")
+    return value
 
 
 def _scaling_factor(updater: Any, value: float) -> None:
-    policy = updater.policy
+    policy = updater._policy
     if policy.backoff_factor == 1.0 / policy.growth_factor:   # the default: it follows
         policy.backoff_factor = 1.0 / value
     policy.growth_factor = value
 
 
-class DynamicSettings(UpdaterSettings):
-    """The settings of the dynamic updater: nnabla's ``scaling_factor`` and ``N`` as well,
-    kept by its policy."""
-
-    scaling_factor = live("scaling_factor", "Growth factor of the scale (assignable; also "
-                          "the back-off where it is ``1 / scaling_factor``, the default).",
-                          _scaling_factor, kept=("policy", "growth_factor"))
-    N = live("N", "Consecutive good steps before the scale grows (assignable; a count "
-             "already at the new N grows at the next good step).",
-             lambda updater, value: updater.policy.set_growth_interval(value),
-             kept=("policy", "growth_interval"))
+def _moved(old: str, read: str) -> Setting:
+    """An option whose keyword moved into an object: read-only, saying its new spelling."""
+    return _given(old, read, options.new_spelling(old))
 
 
-def constructor_only(name: str) -> property:
-    """An option that is neither a live setting nor one of those :func:`fixed` explains:
-    reading gives the value in use (the policy's, or the constructor's), assigning raises
-    ``AttributeError`` naming it, where before such an assignment was ignored."""
-    def read(updater: Any) -> Any:
-        if name in IN_POLICY:
-            return getattr(updater.policy, name)
-        return updater._options[name]
+#: The settings of both updaters.
+BOTH = (
+    Setting("scale", "The loss scale of the next step (1 once a precision schedule switched "
+            "to full precision; assignable until then, checked by the policy).",
+            "_next_scale", live=True, check=_scale,
+            take=lambda updater, value: updater._policy.set_loss_scale(value)),
+    Setting("data_feeder", "The feeder given as ``data_feeder=`` (assignable, checked "
+            "again).", "_data_feeder", live=True, take=install_feeder),
+    Setting("accum_grad", "Forward/backward passes whose gradients are summed per update "
+            "(assignable: from the next update()).", "_accum_grad", live=True,
+            take=_accum_grad),
+    Setting("average_accum", "Whether the accumulated gradients are divided by "
+            "``accum_grad`` (assignable).", "_average_accum", live=True,
+            check=lambda updater, value: check.boolean("average_accum", value),
+            take=_average_accum),
+    Setting("weight_decay", "Weight decay of the unscaled gradients, or None (assignable: a "
+            "weight-decay schedule takes effect from the next update()).",
+            "_unscaler.weight_decay", live=True),
+    Setting("clip_grad_norm", "The bound of the unscaled gradients' global L2 norm, or None "
+            "(assignable).", "_unscaler.clip", live=True),
+    Setting("clear_buffer", "Whether forward and backward free intermediate buffers "
+            "(assignable).", "_clear_buffer", live=True),
+    Setting("max_retries", "Retries of a skipped step within one update() (assignable).",
+            "_max_retries", live=True, check=_max_retries),
+    Setting("floor_policy", "``\"raise\"``, ``\"warn\"`` or ``\"ignore\"``: what a collapse "
+            "does (assignable).", "_collapse.floor_policy", live=True,
+            check=lambda updater, value: check.choice("floor_policy", value, FLOOR_POLICIES)),
+    Setting("diagnose_after", "Consecutive overflowing steps that trigger the diagnosis "
+            "(assignable).", "_collapse.diagnose_after", live=True,
+            check=lambda updater, value: check.integer("diagnose_after", value, ge=1)),
+    _built_around("comm", "The communicator, or None.", "_options.comm", "the all-reduce, "
+                  "its buffers and the ranks' agreement are set up for it at construction"),
+    _built_around("grads", "The gradients reduced across the ranks.", "_grads",
+                  "the step's all-reduce was set up for them at construction"),
+    _built_around("solver", "The solver.", "_solver", "the step checks, unscales and updates "
+                  "through the solver it was given and its parameters"),
+    _built_around("loss", "The loss Variable.", "_loss", "the step's passes, seeds and checks "
+                  "were built on its graph"),
+    _built_around("shared_grads", "The :class:`~nnabla_mpt.SharedGradients` in use, or None.",
+                  "_shared_grads", "the gradients were placed (or not) in the communicator's "
+                  "shared memory at construction"),
+    _built_around("monitor", "The step hook given as ``monitor=``, called with every step's "
+                  "result, or None.", "_monitor", "a hook whose work changes over the run can "
+                  "decide inside itself what to do with each result; or", " "),
+    _built_around("enable_overflow_check", "Whether steps are checked for overflow.",
+                  "_options.enable_overflow_check", "the step's check, its retries and its "
+                  "all-reduce flags were set up with it"),
+    _built_around("detector", "The :class:`~nnabla_mpt.OverflowDetector` the step checks "
+                  "with (``detector.nonfinite_params(...)`` names overflowing gradients).",
+                  "_detector", "the step's overflow check was built on it (its mode is "
+                  "OverflowHandling.mode)"),
+    _built_around("average_ranks", "Whether the all-reduce divides by the ranks.",
+                  "_options.reduction.average_ranks", "it is part of the all-reduce set up at "
+                  "construction (and of the measured scale's bounds)"),
+    _built_around("high_precision_loss", "The full-precision loss of the precision schedule, "
+                  "or None.", "_high_precision_loss", "the schedule's passes were built on "
+                  "its graph"),
+    _built_around("policy", "The loss-scale policy the step runs (its scale, counters and "
+                  "settings).", "_policy", "the step's scale and the measured growth read "
+                  "it; change its scale with updater.scale = ..., or", " "),
+    _built_around("schedule", "The precision schedule in use "
+                  "(:class:`~nnabla_mpt.PrecisionSchedule`), or None.", "_schedule",
+                  "the step's graphs were chosen with it"),
+    _built_around("overflow", "The :class:`~nnabla_mpt.OverflowHandling` in use, its fields "
+                  "as they are now.", "_overflow_handling", "its assignable fields are "
+                  "settings of their own (updater.max_retries, floor_policy, diagnose_after); "
+                  "for the others", " "),
+    _built_around("reduction", "The :class:`~nnabla_mpt.GradientReduction` in use, its fields "
+                  "as they are now.", "_gradient_reduction", "average_accum is a setting of "
+                  "its own (updater.average_accum = ...); for the others", " "),
+    _given("outputs", "_options.outputs"),
+    _given("lr_scheduler", "_options.lr_scheduler"),
+    _given("gradient_stats_every", "_options.gradient_stats_every"),
+    _moved("overflow_mode", "_detector.mode"),
+    _moved("all_reduce_callback", "_options.reduction.all_reduce_callback"),
+    _moved("abort_on_exception", "_options.reduction.abort_on_exception"),
+)
 
-    def assign(updater: Any, value: Any) -> None:
-        carried = " (a loaded state carries it too)" if name in IN_POLICY else ""
-        raise AttributeError(f"{type(updater).__name__}.{name} is set at construction only "
-                             f"({name} = {value!r} refused): pass {name}= to the "
-                             f"constructor{carried}; " + _REBUILD)
-
-    return property(read, assign, doc=f"``{name}`` as given to the constructor (read-only).")
-
-
-def guarded(signature: "options.UpdaterSignature") -> Callable[[type], type]:
-    """Class decorator: gives the class a :func:`constructor_only` property for every
-    option of ``signature`` it has no attribute of."""
-    def guard(cls: type) -> type:
-        for name in signature.options:
-            if not hasattr(cls, name):
-                setattr(cls, name, constructor_only(name))
-        return cls
-
-    return guard
+#: The settings of the dynamic updater besides :data:`BOTH`: nnabla's ``scaling_factor``
+#: and ``N``, and its policy's settings, kept by its policy.
+DYNAMIC = (
+    Setting("scaling_factor", "Growth factor of the scale (assignable; also the back-off "
+            "where it is ``1 / scaling_factor``, the default).", "_policy.growth_factor",
+            live=True, take=_scaling_factor),
+    Setting("N", "Consecutive good steps before the scale grows (assignable; a count "
+            "already at the new N grows at the next good step).", "_policy.growth_interval",
+            live=True, take=lambda updater, value: updater._policy.set_growth_interval(value)),
+    _given("growth_mode", "_policy.growth_mode"),
+) + tuple(_moved(name, f"_policy.{name}")
+          for name in ("min_scale", "max_scale", "backoff_factor", "hysteresis"))

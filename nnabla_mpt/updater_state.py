@@ -1,10 +1,11 @@
 """The updater's state as plain values: its version, its keys, its checks, the states of
 earlier versions read as the current one, and the warning naming the settings a loaded
-state replaces.
+state replaces; and :class:`Resumable`, the updater's side of it.
 
-The updater builds the state (``state_dict()``) and applies it (``load_state_dict()``);
-this module says what a valid state is. The policy's and the precision schedule's parts
-are theirs to check (:mod:`nnabla_mpt.policy`, :mod:`nnabla_mpt.precision`).
+The updater builds the state (``state_dict()``) and applies it (``load_state_dict()``) in
+:class:`Resumable`; the rest of this module says what a valid state is. The policy's and
+the precision schedule's parts are theirs to check (:mod:`nnabla_mpt.scale.policy`,
+:mod:`nnabla_mpt.scale.precision`).
 """
 import copy
 from operator import attrgetter
@@ -12,8 +13,8 @@ from typing import Any, Dict, Mapping, Tuple
 
 from nnabla.logger import logger
 
-from . import options
 from .core import _validate as check
+from .files import checkpoint
 from .core.dtypes import FloatType
 from .scale.scale_history import checked_state
 
@@ -27,6 +28,8 @@ COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
 #: Every key of a state of the current version.
 KEYS = ("version", "updater", "policy", "precision", "calibration_pending",
         "scale_history") + COUNTERS
+#: The policy's settings that nnabla's updater names otherwise, by the option's name.
+_OPTION_OF_SETTING = {"growth_factor": "scaling_factor", "growth_interval": "N"}
 #: How messages name the policy's part of the state.
 POLICY = "state['policy']"
 
@@ -141,10 +144,10 @@ def warn_replaced_settings(policy, policy_state: Mapping[str, Any],
     ``policy_state`` changes, and ``scale`` where the state still has ``scale="auto"`` to
     measure (``calibration_pending``) and the updater was given a number (not
     ``auto_scale``)."""
-    replaced = [(options.OPTION_OF_SETTING.get(name, name), mine, saved)
+    replaced = [(_OPTION_OF_SETTING.get(name, name), mine, saved)
                 for name, (mine, saved) in policy.replaced_settings(policy_state).items()]
     if calibration_pending and not auto_scale:
-        replaced.append(("scale", policy.get_loss_scale(), "auto"))
+        replaced.append(("scale", policy.loss_scale, "auto"))
     if replaced:
         values = ", ".join(f"{name}={_shown(mine)} with {_shown(saved)}"
                            for name, mine, saved in replaced)
@@ -194,3 +197,90 @@ def _shown(value: Any) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
         return str(int(value))
     return repr(value)
+
+
+class Resumable(StepCounters):
+    """The state of an updater (a mixin of the step loop's class): its counters, and
+    saving and restoring them with the policy's, the precision schedule's and measured
+    growth's (``state_dict()``), in a checkpoint with the parameters and solver states.
+    It reads the step loop's parts: ``_policy``, ``_schedule``, ``_meter``, ``_collapse``,
+    ``_params``, ``_solver`` and ``_dtype``."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The updater's whole state as plain Python values, versioned: the policy's (scale,
+        counters, bounds), the precision schedule's, the updater's counters, whether
+        ``scale="auto"`` is still to measure (``calibration_pending``) and measured growth's
+        history (``scale_history``). Parameters and solver states: :meth:`save_checkpoint`.
+        """
+        return {"version": VERSION, "updater": type(self).__name__,
+                "policy": self._policy.state_dict(),
+                "precision": None if self._schedule is None else self._schedule.state_dict(),
+                "steps": self.steps, "updates": self.updates,
+                "skipped_steps": self.skipped_steps,
+                "overflow_streak": self._collapse.overflow_streak,
+                "longest_overflow_streak": self._collapse.longest_overflow_streak,
+                "bad_batches": self._collapse.bad_batches,
+                **self._meter.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
+        (``N``, ``max_scale``, ...) come from ``state``, and a calibration still due makes
+        the next step measure (``scale="auto"``) where this updater was given a number: one
+        warning names each setting replaced; a scale the loss's dtype cannot seed is
+        lowered, with a warning (:func:`within_dtype`).
+
+        Raises:
+            ValueError: keys are missing or unknown (the message lists them), the version
+                or the updater type differs, a value is out of range (named by its key,
+                ``state['policy']['scale']``), or the counters contradict each other.
+            TypeError: a value has the wrong type (a counter that is no integer,
+                ``calibration_pending`` that is no bool); the message names it.
+        """
+        checked = self._check_state(state)
+        policy_state = checked["policy"]
+        warn_lowered(checked["lowered"], self._dtype)
+        warn_replaced_settings(self._policy, policy_state, checked["calibration_pending"],
+                               self._meter.auto_scale)
+        self._policy.load_state_dict(policy_state, name=POLICY)
+        if self._schedule is not None:
+            self._schedule.load_state_dict(state["precision"])
+        self.steps, self.updates, self.skipped_steps = (
+            checked["steps"], checked["updates"], checked["skipped_steps"])
+        self._meter.load_state_dict(checked)
+        self._collapse.overflow_streak = checked["overflow_streak"]
+        self._collapse.longest_overflow_streak = checked["longest_overflow_streak"]
+        self._collapse.bad_batches = checked["bad_batches"]
+
+    def _check_state(self, state: Mapping[str, Any]) -> Dict[str, Any]:
+        """:func:`check_all` of ``state``; versions as :func:`current` says."""
+        return check_all(state, type(self).__name__, self._policy, self._schedule,
+                         self._meter.auto_scale, self._dtype)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Writes parameters, solver states and updater state to ``path`` atomically.
+
+        Written beside ``path`` as ``.<name>.tmp`` (a killed save's is replaced), flushed
+        and renamed over ``path``: a crash leaves the previous checkpoint or the new one.
+        A new file gets the umask's permissions, an existing one keeps its own, a
+        symlink's target is replaced. The format: :mod:`nnabla_mpt.files.checkpoint`.
+
+        Raises:
+            TypeError, ValueError: ``path`` is not a path (not a str or PathLike, '', NUL).
+            OSError: no folder, or a folder, FIFO, device or socket at ``path`` (left as it
+                is; checked first), or writing failed (the old file stays); names ``path``.
+        """
+        checkpoint.save(path, self._params, self._solver, self.state_dict())
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state;
+        all checked first, each array from its header before it is read (settings it
+        changes are logged as by :meth:`load_state_dict`).
+
+        Raises:
+            OSError, TypeError: as :meth:`save_checkpoint` (no file: ``FileNotFoundError``).
+            ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, holds inf or
+                NaN, or its parameters, solver states or updater state do not match this
+                updater (the message names ``path`` and the arrays). Nothing is changed.
+        """
+        state = checkpoint.load(path, self._params, self._solver, self._check_state)
+        self.load_state_dict(state)

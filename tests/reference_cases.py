@@ -15,7 +15,8 @@ import numpy as np
 import nnabla as nn
 import nnabla.solvers as S
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        GradientReduction, OverflowHandling, PrecisionSchedule)
 from reference_step import FLOAT16_CEILING, SOLVERS, Model, ReferenceStep
 from support import assert_bitwise_equal, assert_states_bitwise_equal, solver_states
 
@@ -76,12 +77,34 @@ def sample_case(seed: int, steps: int = 10, ranks: int = 1) -> dict:
     return case
 
 
-UPDATER_OPTIONS = ("scale", "scaling_factor", "N", "backoff_factor", "hysteresis",
-                   "min_scale", "max_scale", "growth_mode", "accum_grad", "average_accum",
-                   "weight_decay", "clip_grad_norm", "overflow_mode", "max_retries",
-                   "gradient_stats_every", "floor_policy", "diagnose_after", "clear_buffer",
-                   "enable_overflow_check", "accelerate_train_mode", "total_steps",
-                   "average_ranks")
+#: The case's keys that are updater arguments of the same name.
+UPDATER_OPTIONS = ("scale", "scaling_factor", "N", "growth_mode", "accum_grad", "weight_decay",
+                   "clip_grad_norm", "gradient_stats_every", "clear_buffer",
+                   "enable_overflow_check")
+
+
+def updater_options(case: dict, float_loss) -> dict:
+    """The updater's keyword arguments of ``case``: the policy's settings as a
+    ``DynamicLossScale`` (given with ``scale="auto"`` where the case measures its start),
+    the overflow handling, the reduction and the precision schedule as their objects."""
+    kwargs = {k: case[k] for k in UPDATER_OPTIONS if k in case}
+    if case["updater"] == "dynamic":
+        growth, auto = kwargs.pop("scaling_factor"), case["scale"] == "auto"
+        kwargs["policy"] = DynamicLossScale(
+            init_scale=case["max_scale"] if auto else kwargs.pop("scale"),
+            growth_factor=growth, backoff_factor=case["backoff_factor"] or 1 / growth,
+            growth_interval=kwargs.pop("N"), hysteresis=case["hysteresis"],
+            min_scale=case["min_scale"], max_scale=case["max_scale"],
+            growth_mode=kwargs.pop("growth_mode"))
+    kwargs["overflow"] = OverflowHandling(case["overflow_mode"], case["max_retries"],
+                                          case["floor_policy"], case["diagnose_after"])
+    kwargs["reduction"] = GradientReduction(case["average_accum"],
+                                            case.get("average_ranks", False))
+    if "accelerate_train_mode" in case:
+        kwargs["schedule"] = PrecisionSchedule(case["accelerate_train_mode"],
+                                               total_steps=case["total_steps"],
+                                               high_precision_loss=float_loss)
+    return kwargs
 
 
 def build(case: dict, scope: str, rank: int = 0, comm=None):
@@ -93,9 +116,7 @@ def build(case: dict, scope: str, rank: int = 0, comm=None):
     with nn.context_scope(model.loss.parent.context):
         solver = getattr(S, case["solver"])(**SOLVERS[case["solver"]])
     solver.set_parameters(model.trained)
-    kwargs = {k: case[k] for k in UPDATER_OPTIONS if k in case}
-    if model.float_loss is not None:
-        kwargs["high_precision_loss"] = model.float_loss
+    kwargs = updater_options(case, model.float_loss)
     recorded = []
     kwargs["monitor"] = recorded.append
     cls = FixedLossScalingUpdater if case["updater"] == "fixed" else DynamicLossScalingUpdater

@@ -146,7 +146,7 @@ def resume_setup(scope: str = "net"):
     Returns:
         (net, solver, updater)
     """
-    from nnabla_mpt import DynamicLossScalingUpdater
+    from nnabla_mpt import DynamicLossScale, DynamicLossScalingUpdater
 
     net = Net("half", hidden=4, scope=scope)
     net.large = {4, 6, 7, 12, 20, 22, 24, 26}
@@ -158,9 +158,10 @@ def resume_setup(scope: str = "net"):
         net.feed(updater.steps * RESUME_ACCUM + micro)
         net.calls += 1
 
-    updater = DynamicLossScalingUpdater(solver, net.loss, feeder, scale=2.0 ** 15, N=3,
-                                        accum_grad=RESUME_ACCUM, weight_decay=1e-3,
-                                        hysteresis=2)
+    updater = DynamicLossScalingUpdater(solver, net.loss, feeder,
+                                        policy=DynamicLossScale(
+                                            init_scale=2.0 ** 15, growth_interval=3, hysteresis=2),
+                                        accum_grad=RESUME_ACCUM, weight_decay=1e-3)
     return net, solver, updater
 
 
@@ -206,7 +207,7 @@ def build(seed=0):
 
 
 def make_updater(mode="fast|step|0.8", total=50, final_loss=None, scale=2.0 ** 14, **kw):
-    from nnabla_mpt import DynamicLossScalingUpdater
+    from nnabla_mpt import DynamicLossScalingUpdater, PrecisionSchedule
     x, t, loss_half, loss_float, solver = build()
     holder = {}
 
@@ -215,8 +216,9 @@ def make_updater(mode="fast|step|0.8", total=50, final_loss=None, scale=2.0 ** 1
         x.d, t.d = xs, ts
 
     u = DynamicLossScalingUpdater(solver, loss_half, feed, scale=scale, N=4,
-                                  accelerate_train_mode=mode,
-                                  total_steps=total if "step" in mode else None,
-                                  final_loss=final_loss, high_precision_loss=loss_float, **kw)
+                                  schedule=PrecisionSchedule(
+                                      mode, total_steps=total if "step" in mode else None,
+                                      final_loss=final_loss, high_precision_loss=loss_float),
+                                  **kw)
     holder["u"] = u
     return u, (x, t, loss_half, loss_float, solver)

@@ -8,7 +8,7 @@ import pytest
 
 from nnabla.utils.learning_rate_scheduler import CosineScheduler, LinearWarmupScheduler
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowHandling
 from support import Net, assert_bitwise_equal, assert_states_bitwise_equal, solver_states
 
 SCALE = 2048.0
@@ -53,7 +53,8 @@ def test_skipped_steps_do_not_advance_the_schedule(max_retries):
     solver, ref_solver = net.solver("Momentum", lr=1.0, momentum=0.9), ref.solver(
         "Momentum", lr=1.0, momentum=0.9)
     updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=SCALE,
-                                      max_retries=max_retries, lr_scheduler=schedule())
+                                      overflow=OverflowHandling(
+                                          max_retries=max_retries), lr_scheduler=schedule())
     rates, skipped = [], 0
     while net.calls < 14:
         before = net.snapshot()

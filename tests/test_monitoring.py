@@ -8,8 +8,9 @@ import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 from nnabla.monitor import Monitor
 
-from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater, LossScaleCallback,
-                        LossScaleMonitor, LossScaleStats, StepResult)
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        LossScaleCallback, LossScaleMonitor, LossScaleStats, OverflowHandling,
+                        StepResult)
 from support import Net
 
 # The float16 network of the trajectory tests is the linear ``Net("half")``: the batches in
@@ -135,7 +136,8 @@ def test_hook_called_once_per_step_including_retries():
     net, solver = fp16_net()
     results = []
     updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15, N=4,
-                                        max_retries=20, monitor=results.append)
+                                        overflow=OverflowHandling(
+                                            max_retries=20), monitor=results.append)
     first = updater.update()          # four skipped attempts, then the update at 2**11
     assert first.attempts == 5 and not first.skipped and first.scale == 2.0 ** 11
     assert net.calls == 5
@@ -184,7 +186,7 @@ def test_saturation_overflows_at_known_steps_fixed_updater():
 
     seen = []
     updater = FixedLossScalingUpdater(solver, loss, feed, scale=128.0,
-                                      overflow_mode="saturation",
+                                      overflow=OverflowHandling(mode="saturation"),
                                       monitor=LossScaleCallback(seen.append, interval=4))
     skipped = [updater.update().skipped for _ in range(12)]
     assert skipped == [i % 3 == 0 for i in range(12)]
@@ -300,8 +302,10 @@ def test_hook_sees_the_step_that_raises_the_collapse_error():
 
     net, solver = fp16_net(large={0, 1})
     results = []
-    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15,
-                                        min_scale=2.0 ** 14, monitor=results.append)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder,
+                                        policy=DynamicLossScale(
+                                            init_scale=2.0 ** 15, min_scale=2.0 ** 14),
+                                            monitor=results.append)
     updater.update()                          # 2**15 overflows: back off to the floor
     with pytest.raises(LossScaleCollapseError):
         updater.update()                      # 2**14 overflows at min_scale

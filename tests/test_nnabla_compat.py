@@ -6,7 +6,7 @@ import pytest
 from nnabla.experimental.mixed_precision_training import \
     DynamicLossScalingUpdater as NnablaUpdater
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowHandling
 from support import Net
 
 HP = {"Sgd": dict(lr=0.05), "Momentum": dict(lr=0.05, momentum=0.9),
@@ -117,7 +117,7 @@ def test_retry_mode_reproduces_nnabla_retry_on_overflow():
     theirs.bad = ours.bad = {2, 5, 6}
     a = NnablaUpdater(s_theirs, theirs.loss, theirs.feeder, scale=64.0, N=3)
     b = DynamicLossScalingUpdater(s_ours, ours.loss, ours.feeder, scale=64.0, N=3,
-                                  max_retries=100)
+                                  overflow=OverflowHandling(max_retries=100))
     attempts = []
     for i in range(6):
         a.update()
@@ -174,13 +174,14 @@ def test_positional_arguments_are_pinned():
 def test_every_option_is_keyword_only_documented_and_known(cls):
     params = inspect.signature(cls).parameters
     keyword = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY]
-    assert {"floor_policy", "shared_grads", "abort_on_exception"} <= set(keyword)
+    assert {"overflow", "reduction", "schedule", "clip_grad_norm"} <= set(keyword)
+    assert len(params) == (21 if cls is DynamicLossScalingUpdater else 18)
     for name in list(params)[2:]:
         assert f"\n        {name}: " in cls.__doc__, f"{name} is not documented"
     net = Net()
     with pytest.raises(TypeError, match=r"got an unexpected keyword argument 'scael'; "
-                                        r"valid ones: data_feeder, scale, .*shared_grads, "
-                                        r"abort_on_exception$"):
+                                        r"valid ones: data_feeder, scale, .*overflow, "
+                                        r"reduction, schedule$"):
         cls(net.solver(), net.loss, scael=2.0)
     with pytest.raises(TypeError, match=r"got multiple values for argument 'scale'"):
         cls(net.solver(), net.loss, None, 2.0, scale=4.0)

@@ -5,10 +5,13 @@ checks it, or its assignment is refused naming it; never ignored, never a late f
 The parameters are compared with the float64 reference of tests/test_updater_reference.py,
 whose setting changes at the same step.
 """
+import re
+
 import numpy as np
 import pytest
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        GradientReduction, OverflowHandling)
 from reference_step import SOLVERS
 from support import Net
 from test_updater_reference import ReferenceTraining
@@ -29,14 +32,17 @@ def _run(setting, kind="Momentum", steps=7):
     before, after, ref_change = CHANGES[setting]
     net = Net()
     start = net.snapshot()
-    kwargs = {"accum_grad": 2, "average_accum": True} if setting == "average_accum" else {}
-    kwargs.setdefault(setting, before)
+    kwargs = {"accum_grad": 2} if setting == "average_accum" else {}
+    if setting == "average_accum":
+        kwargs["reduction"] = GradientReduction(average_accum=True)
+    else:
+        kwargs[setting] = before
     kwargs.setdefault("N", 2)
     updater = DynamicLossScalingUpdater(net.solver(kind, **SOLVERS[kind]), net.loss,
                                         net.feeder, scale=64.0, **kwargs)
     ref = ReferenceTraining(start, kind, scale=64.0, N=kwargs["N"],
                             accum=kwargs.get("accum_grad", 1),
-                            average=kwargs.get("average_accum", False),
+                            average=setting == "average_accum",
                             wd=kwargs.get("weight_decay"), clip=kwargs.get("clip_grad_norm"))
     batch = 0
     for i in range(steps):
@@ -73,7 +79,7 @@ def test_clear_buffer_and_max_retries_are_read_at_each_update():
     net = Net()
     net.huge = {1}                   # an overflow in saturation mode
     updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=64.0,
-                                        overflow_mode="saturation")
+                                        overflow=OverflowHandling(mode="saturation"))
     updater.clear_buffer = False
     assert net.y.d is not None and updater.update().updated
     updater.max_retries = 1
@@ -122,7 +128,8 @@ def test_a_setting_the_step_was_built_around_refuses_assignment(setting):
 def test_scaling_factor_keeps_a_given_backoff():
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
-                                        backoff_factor=0.25)
+                                        policy=DynamicLossScale(init_scale=8.0,
+                                                                backoff_factor=0.25))
     updater.scaling_factor = 3.0
     assert (updater.policy.growth_factor, updater.policy.backoff_factor) == (3.0, 0.25)
     default = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder)
@@ -130,21 +137,82 @@ def test_scaling_factor_keeps_a_given_backoff():
     assert default.policy.backoff_factor == 0.25
 
 
-@pytest.mark.parametrize("setting", ["min_scale", "backoff_factor", "hysteresis", "max_scale",
-                                     "growth_mode", "lr_scheduler", "overflow_mode",
-                                     "gradient_stats_every", "outputs"])
-def test_any_other_option_is_read_only_and_says_so(setting):
+@pytest.mark.parametrize("setting, spelling", [
+    ("min_scale", "policy=DynamicLossScale(min_scale=...)"),
+    ("backoff_factor", "policy=DynamicLossScale(backoff_factor=...)"),
+    ("hysteresis", "policy=DynamicLossScale(hysteresis=...)"),
+    ("max_scale", "policy=DynamicLossScale(max_scale=...)"),
+    ("overflow_mode", "overflow=OverflowHandling(mode=...)"),
+    ("all_reduce_callback", "reduction=GradientReduction(all_reduce_callback=...)"),
+    ("growth_mode", "growth_mode="), ("lr_scheduler", "lr_scheduler="),
+    ("gradient_stats_every", "gradient_stats_every="), ("outputs", "outputs=")])
+def test_any_other_option_is_read_only_and_says_where_to_pass_it(setting, spelling):
     net = Net()
-    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, min_scale=2.0,
-                                        hysteresis=2)
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, policy=
+                                        DynamicLossScale(init_scale=8.0, min_scale=2.0,
+                                                         hysteresis=2))
     old = getattr(updater, setting)
     with pytest.raises(AttributeError,
-                       match=rf"DynamicLossScalingUpdater\.{setting} is set at construction "
-                             rf"only \({setting} = 7 refused\): pass {setting}= to the "
-                             rf"constructor"):
+                       match=rf"^DynamicLossScalingUpdater\.{setting} cannot be changed after "
+                             rf"construction \({setting} = 7 refused\): pass "
+                             rf"{re.escape(spelling)} to the constructor"):
         setattr(updater, setting, 7)
     assert getattr(updater, setting) == old
     assert (updater.min_scale, updater.hysteresis) == (2.0, 2)
+    assert (updater.policy.min_scale, updater.policy.hysteresis) == (2.0, 2)
+
+
+def test_the_objects_read_as_the_settings_are_now():
+    net = Net()
+    updater = DynamicLossScalingUpdater(
+        net.solver(), net.loss, net.feeder, accum_grad=2,
+        overflow=OverflowHandling(mode="saturation", diagnose_after=3),
+        reduction=GradientReduction(average_accum=True))
+    updater.floor_policy, updater.diagnose_after, updater.max_retries = "warn", 5, 2
+    updater.average_accum = False
+    assert updater.overflow == OverflowHandling(mode="saturation", max_retries=2,
+                                                floor_policy="warn", diagnose_after=5)
+    assert updater.reduction == GradientReduction(average_accum=False)
+    for name, value in [("overflow", OverflowHandling()), ("reduction", GradientReduction()),
+                        ("policy", None), ("schedule", None)]:
+        with pytest.raises(AttributeError, match=rf"{name} cannot be changed after "
+                                                 rf"construction"):
+            setattr(updater, name, value)
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("floor_policy", "warn"), ("clip_grad_norm", 1.0), ("scale", 4.0), ("diagnose_after", 3),
+    ("data_feeder", None), ("comm", None)])
+def test_every_setting_is_refused_alike_during_update(setting, value):
+    net = Net()
+    errors = []
+
+    def monitor(result):
+        try:
+            setattr(updater, setting, value)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, monitor=monitor)
+    before = getattr(updater, setting)
+    updater.update()
+    assert errors == [f"DynamicLossScalingUpdater.{setting} = {value!r} refused during "
+                      f"update() (from a data_feeder or a monitor): assign it between "
+                      f"update() calls; it takes effect from the next one"]
+    assert getattr(updater, setting) == before
+
+
+def test_diagnose_after_takes_effect_from_the_next_update():
+    net = Net()
+    net.huge = set(range(100))                    # saturation: every step overflows
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=64.0,
+                                        overflow=OverflowHandling(mode="saturation",
+                                                                  floor_policy="warn"))
+    updater.diagnose_after = 2
+    updater.update()
+    assert updater.last_report is None
+    updater.update()
+    assert updater.last_report is not None and updater.overflow_streak == 2
 
 
 def test_n_below_the_good_steps_counted_grows_at_the_next_step_and_saves():
@@ -170,7 +238,8 @@ def test_a_setting_assigned_during_update_is_refused():
         except RuntimeError as error:
             errors.append(str(error))
 
-    updater = DynamicLossScalingUpdater(net.solver(), net.loss, feeder, average_accum=True)
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, feeder,
+                                        reduction=GradientReduction(average_accum=True))
     assert updater.update().updated
     assert updater.accum_grad == 1 and len(errors) == 1
     assert "accum_grad = 2 refused during update()" in errors[0]

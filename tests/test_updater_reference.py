@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        GradientReduction, OverflowHandling)
 from reference_step import SOLVERS, NumpySolver
 from support import Net, linear_mse_grads
 
@@ -114,7 +115,8 @@ def test_average_accum_divides_by_accum_grad(kind):
     start = net.snapshot()
     updater = DynamicLossScalingUpdater(net.solver(kind, **SOLVERS[kind]), net.loss,
                                         net.feeder, scale=64.0, accum_grad=3,
-                                        weight_decay=1e-2, average_accum=True)
+                                        weight_decay=1e-2,
+                                        reduction=GradientReduction(average_accum=True))
     ref = ReferenceTraining(start, kind, scale=64.0, accum=3, wd=1e-2, average=True)
     _run_and_compare(net, updater, ref, steps=5)
 
@@ -124,7 +126,8 @@ def test_average_accum_differs_from_the_default_sum():
     for average in (False, True):
         net = Net(scope=f"avg{average}")
         updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                            accum_grad=3, average_accum=average)
+                                            accum_grad=3,
+                                            reduction=GradientReduction(average_accum=average))
         updater.update()
         finals.append(net.snapshot())
     assert not np.allclose(finals[0][W], finals[1][W])
@@ -175,7 +178,8 @@ def test_dynamic_scale_trajectory_with_overflowing_batches():
     start = net.snapshot()
     updater = DynamicLossScalingUpdater(net.solver("Momentum", **SOLVERS["Momentum"]),
                                         net.loss, net.feeder, scale=64.0, N=2,
-                                        weight_decay=1e-2, overflow_mode="saturation")
+                                        weight_decay=1e-2,
+                                        overflow=OverflowHandling(mode="saturation"))
     ref = ReferenceTraining(start, "Momentum", scale=64.0, N=2, wd=1e-2, saturation=True)
     results = _run_and_compare(net, updater, ref, steps=10)
     assert [r.scale for r in results] == [64, 64, 128, 64, 32, 32, 32, 64, 32, 32]
@@ -203,9 +207,12 @@ def test_dynamic_scale_trajectory_with_hysteresis_and_bounds():
     start = net.snapshot()
     # floor_policy="ignore": overflows at min_scale are the point here, not the diagnosis.
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale=3.0, N=2, hysteresis=2, min_scale=2.0,
-                                        max_scale=3.0, backoff_factor=0.25,
-                                        overflow_mode="saturation", floor_policy="ignore")
+                                        policy=DynamicLossScale(
+                                            init_scale=3.0, backoff_factor=0.25,
+                                            growth_interval=2, hysteresis=2, min_scale=2.0,
+                                            max_scale=3.0),
+                                        overflow=OverflowHandling(
+                                            mode="saturation", floor_policy="ignore"))
     # The reference has no hysteresis: it is given the updater's scale at every step and
     # checks the parameters; the scale sequence is spelled out below.
     ref = ReferenceTraining(start, "Sgd", scale=3.0, saturation=True)

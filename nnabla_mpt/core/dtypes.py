@@ -1,6 +1,9 @@
 """Facts about the floating-point types the gradients live in.
 
-Pure Python (no nnabla, no NumPy): the policies import it.
+Pure Python at import (no nnabla, no NumPy): the policies import it. The helpers that
+read an array's dtype and values (:func:`dtype_name`, :func:`narrowest_float`,
+:func:`array_stats`), which the watches of a pass and the gradient statistics use on
+every step they watch, are here too; those that need NumPy import it when called.
 
 Example:
     >>> from nnabla_mpt.core.dtypes import FLOATS
@@ -10,6 +13,7 @@ Example:
     True
 """
 from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ FLOATS = {
 #: The largest finite float16 value.
 FP16_MAX = FLOATS["float16"].max
 
+
 def float_type(name: str) -> FloatType:
     """The :class:`FloatType` of a dtype name (``str(array.dtype)``).
 
@@ -57,3 +62,47 @@ def float_type(name: str) -> FloatType:
     except KeyError:
         raise ValueError(f"dtype {name!r} is not one of the floating-point types "
                          f"{', '.join(FLOATS)}") from None
+
+
+def dtype_name(array: Any) -> str:
+    """Name of an nnabla array's dtype, or ``"uninitialized"``."""
+    try:
+        return str(array.dtype)
+    except Exception:  # an array never written has no dtype yet
+        return "uninitialized"
+
+
+def narrowest_float(dtypes: List[str]) -> Optional[str]:
+    """The floating dtype name with the smallest range among ``dtypes``, or ``None``."""
+    import numpy as np
+
+    floats = [d for d in dtypes if d.startswith("float")]
+    if not floats:
+        return None
+    return min(floats, key=lambda d: np.finfo(np.dtype(d)).max)
+
+
+def narrowest_float_max(dtypes: List[str]) -> Optional[float]:
+    """Largest finite value of :func:`narrowest_float` of ``dtypes``, or ``None``."""
+    import numpy as np
+
+    name = narrowest_float(dtypes)
+    return float(np.finfo(np.dtype(name)).max) if name else None
+
+
+def array_stats(arr: Any) -> Tuple[int, float, float]:
+    """(number of non-finite values, max |finite|, min |finite|) of an array, of any dtype."""
+    import numpy as np
+
+    a = np.asarray(arr)
+    if a.size == 0:
+        return 0, float("nan"), float("nan")
+    if a.dtype.kind not in "fc":
+        aa = np.abs(a)
+        return 0, float(aa.max()), float(aa.min())
+    fin = np.isfinite(a)
+    bad = int(a.size - np.count_nonzero(fin))
+    if bad == a.size:
+        return bad, float("nan"), float("nan")
+    aa = np.abs(a[fin] if bad else a).astype(np.float64)
+    return bad, float(aa.max()), float(aa.min())

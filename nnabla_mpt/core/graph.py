@@ -2,6 +2,8 @@
 import functools
 from typing import Any, Dict, List, Mapping, Tuple
 
+from .dtypes import float_type
+
 
 def backend_of(loss) -> List[str]:
     """The backends (``"cpu:half"``, ...) of the function producing ``loss``; empty when
@@ -156,6 +158,5 @@ def float_context(loss):
 def float_type_of(loss):
     """The :class:`~nnabla_mpt.core.dtypes.FloatType` of the loss's dtype: the type
     ``loss.backward(scale)`` seeds the pass in, which bounds the scale."""
-    from .dtypes import float_type
     return float_type(loss_dtype(loss))
 

@@ -10,7 +10,8 @@ step never runs any of this code.
 The report is a dataclass for programs (``report.kind``, ``report.function``,
 ``report.phase``, ``report.nonfinite_params``, ...) and prints as a text for people; it
 lives in ``nnabla_mpt.diagnosis.report``, the hooks that watch each pass in
-``nnabla_mpt.diagnosis.watch``.
+``nnabla_mpt.diagnosis.forward_watch`` (forward) and ``nnabla_mpt.diagnosis.watch``
+(backward).
 This module runs the passes, classifies what they saw, and writes back afterwards the
 state the replay's forward pass moves (BatchNormalization's running statistics).
 """
@@ -24,10 +25,11 @@ import numpy as np
 
 from ..core import _validate as check
 from ..core import graph
-from ..core.dtypes import FP16_MAX
+from ..core.dtypes import (FP16_MAX, array_stats, dtype_name, narrowest_float,
+                           narrowest_float_max)
+from .forward_watch import ForwardWatch
 from .report import LossScaleCollapseError, OverflowReport, fmt_scale
-from .watch import (BackwardWatch, ForwardWatch, array_stats, dtype_name, narrowest_float,
-                    narrowest_float_max)
+from .watch import BackwardWatch
 
 __all__ = ["OverflowReport", "LossScaleCollapseError", "diagnose"]
 
@@ -36,23 +38,17 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
              chain_length: int = 6) -> OverflowReport:
     """Replay the current batch and find where inf/NaN first appear.
 
-    Runs ``loss.forward`` and ``loss.backward(scale)`` again on the data still held in
-    the graph's input variables, keeping every buffer (``clear_no_need_grad=False``,
-    ``clear_buffer=False``) and watching each function through nnabla's
-    ``function_pre_hook``/``function_post_hook``. The first function whose outputs are
-    non-finite while its inputs are finite is the culprit; in the backward pass, the
-    first function whose input gradients become non-finite while the gradients flowing
-    into it are finite. A backward culprit is checked again at scale 1 to tell an
-    overflow (fixed by a smaller scale) from a model problem.
+    Runs ``loss.forward`` and ``loss.backward(scale)`` again on the data still held in the
+    graph's inputs, keeping every buffer and watching each function through nnabla's
+    function hooks. The culprit is the first function whose outputs are non-finite while its
+    inputs are finite; in the backward pass, the first whose input gradients turn non-finite
+    while the gradients flowing into it are finite. A backward culprit is checked again at
+    scale 1 to tell an overflow (fixed by a smaller scale) from a model problem. The
+    :class:`OverflowReport` returned classifies the finding (``report.kind``).
 
-    It leaves the model as it found it: the values of every leaf variable of the graph
-    that needs no gradient (BatchNormalization's running mean and variance, which a
-    forward pass in training mode moves; any other such state; the batch) and the
-    loss's own array are written back bitwise, in their dtype, on return. Not restored:
-    random functions (Dropout, augmentation) draw new values in the replay, and nnabla's
-    random generators move on; the gradients of the graph's leaf variables (parameters
-    included) are zeroed before the replay and are zero again on return, so call it
-    after a step was skipped, or before the next step's backward pass.
+    It leaves the model as it found it (:doc:`troubleshooting`, "Costs", says what is written
+    back) but for nnabla's random generators and the gradients of the graph's leaf variables,
+    zero on return: call it after a step was skipped or before the next step's backward pass.
 
     Args:
         loss: The loss ``nnabla.Variable`` the training step differentiates.
@@ -60,9 +56,6 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
         params: Mapping name -> parameter ``Variable`` used to name parameters (e.g.
             ``solver.get_parameters()``); ``None`` uses nnabla's global parameters.
         chain_length: Number of functions shown in :attr:`OverflowReport.path`.
-
-    Returns:
-        An :class:`OverflowReport`; ``report.kind`` classifies the finding.
 
     Example:
         >>> import numpy as np, nnabla as nn, nnabla.functions as F

@@ -221,8 +221,9 @@ class OverflowReport:
                     "diagnose() lists no parameter at that scale on your batches.")
         if self.kind == "overflow":
             cap = f"{self.max_safe_scale:g}" if self.max_safe_scale else "S"
-            return (f"use a scale of at most {cap}: max_scale={cap} for the dynamic "
-                    f"updater (it also backs off by itself), scale={cap} for the fixed one. When "
+            return (f"use a scale of at most {cap}: policy=DynamicLossScale(max_scale={cap}) "
+                    f"for the dynamic updater (it also backs off by itself), scale={cap} for the "
+                    f"fixed one. When "
                     "the overflow is harmless for training (masked or clipped before it "
                     "reaches an update), a fixed scale with the check off is right: "
                     f"FixedLossScalingUpdater(solver, loss, feeder, scale={cap}, "

@@ -1,94 +1,25 @@
-"""Function hooks that watch a forward or a backward pass of an nnabla graph.
+"""Function hooks that watch a pass of an nnabla graph, and the watches of a backward pass.
 
-:class:`ForwardWatch` replays a forward pass and records each function, which function
-produced which variable, the graph's leaf variables and the first function that turned
-finite values into inf/NaN. :class:`BackwardWatch` runs a backward pass and records where
-gradients turn non-finite; :class:`RangeWatch` records how close the gradients come to
-their dtype's largest value. All hand errors raised inside a hook back to the caller after
-the pass, since nnabla would mask them (:class:`FunctionHooks`). :func:`array_stats` and the dtype helpers are the
-numbers the watches look at.
+:class:`FunctionHooks` watches a pass function by function and hands errors raised inside
+a hook back to the caller after the pass, since nnabla would mask them;
+:class:`BackwardHooks` runs a backward pass with them. :class:`BackwardWatch` records where
+gradients turn non-finite (for :func:`~nnabla_mpt.diagnose`); :class:`RangeWatch` records
+how close the gradients come to their dtype's largest value (for the measured scale, on
+the steps it watches). The watch of a forward pass, which only the diagnosis replays, is
+:class:`~nnabla_mpt.diagnosis.forward_watch.ForwardWatch`; the numbers the watches look at
+(:func:`~nnabla_mpt.core.dtypes.array_stats`, the dtype helpers) are in
+:mod:`nnabla_mpt.core.dtypes`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..core.dtypes import FLOATS
-from .report import OverflowReport
+from ..core.dtypes import FLOATS, array_stats, dtype_name
 
-__all__ = ["FunctionHooks", "ForwardWatch", "BackwardHooks", "BackwardWatch", "RangeWatch", "NON_EXPANDING",
-           "FunctionRecord",
-           "array_stats", "dtype_name", "narrowest_float", "narrowest_float_max"]
-
-
-# --------------------------------------------------------------------------- numbers
-
-
-def array_stats(arr: np.ndarray) -> Tuple[int, float, float]:
-    """(number of non-finite values, max |finite|, min |finite|) of an array."""
-    a = np.asarray(arr)
-    if a.size == 0:
-        return 0, float("nan"), float("nan")
-    if a.dtype.kind not in "fc":
-        aa = np.abs(a)
-        return 0, float(aa.max()), float(aa.min())
-    fin = np.isfinite(a)
-    bad = int(a.size - np.count_nonzero(fin))
-    if bad == a.size:
-        return bad, float("nan"), float("nan")
-    aa = np.abs(a[fin] if bad else a).astype(np.float64)
-    return bad, float(aa.max()), float(aa.min())
-
-
-def dtype_name(array: Any) -> str:
-    """Name of an nnabla array's dtype, or ``"uninitialized"``."""
-    try:
-        return str(array.dtype)
-    except Exception:  # an array never written has no dtype yet
-        return "uninitialized"
-
-
-def narrowest_float(dtypes: List[str]) -> Optional[str]:
-    """The floating dtype name with the smallest range among ``dtypes``, or ``None``."""
-    floats = [d for d in dtypes if d.startswith("float")]
-    if not floats:
-        return None
-    return min(floats, key=lambda d: np.finfo(np.dtype(d)).max)
-
-
-def narrowest_float_max(dtypes: List[str]) -> Optional[float]:
-    """Largest finite value of :func:`narrowest_float` of ``dtypes``, or ``None``."""
-    name = narrowest_float(dtypes)
-    return float(np.finfo(np.dtype(name)).max) if name else None
-
-
-def _scope_of(names: List[str]) -> Optional[str]:
-    if not names:
-        return None
-    parts = [n.split("/")[:-1] for n in names]
-    common: List[str] = []
-    for level in zip(*parts):
-        if all(p == level[0] for p in level):
-            common.append(level[0])
-        else:
-            break
-    return "/".join(common) if common else names[0]
-
-
-# --------------------------------------------------------------------------- forward
-
-
-@dataclass
-class FunctionRecord:
-    """One function of the forward pass: its type and the hashes of its variables."""
-
-    type_name: str
-    inputs: List[int]
-    outputs: List[int]
-    params: List[str]
+__all__ = ["FunctionHooks", "BackwardHooks", "BackwardWatch", "RangeWatch", "NON_EXPANDING"]
 
 
 class FunctionHooks:
@@ -131,170 +62,6 @@ class FunctionHooks:
 
     def on_post(self, f: Any, index: int) -> None:
         """After function ``f``, the ``index``-th to run."""
-
-
-class ForwardWatch(FunctionHooks):
-    """Hooks for one forward pass: the graph as it runs, and the first inf/NaN in it.
-
-    ``records`` lists the functions in execution order, ``producer`` maps an output
-    variable's hash to its function's position, ``leaves`` maps the hash of each leaf
-    variable that needs a gradient to the variable. ``culprit`` is ``None`` or a dict
-    with ``kind`` (``"data"``: a leaf variable already holds inf/NaN, ``"model"``: a
-    function made inf/NaN from finite inputs), ``phase``, ``f``, ``index`` and, for
-    ``"data"``, ``bad_leaves``.
-
-    Args:
-        params: Mapping name -> parameter ``Variable``, used to name parameters.
-    """
-
-    def __init__(self, params: Mapping[str, Any]) -> None:
-        super().__init__()
-        self.param_names = {hash(v): name for name, v in params.items()}
-        self.records: List[FunctionRecord] = []
-        self.producer: Dict[int, int] = {}       # output hash -> forward index
-        self.fwd_index: Dict[int, int] = {}      # function hash -> forward index
-        self.finite: Dict[int, bool] = {}        # variable hash -> data all finite
-        self.leaves: Dict[int, Any] = {}         # leaf hash -> Variable (need_grad)
-        self.leaf_names: Dict[int, str] = {}
-        self.culprit: Optional[Dict[str, Any]] = None
-
-    def run(self, loss: Any) -> "ForwardWatch":
-        """Run ``loss.forward`` keeping every buffer, watched by these hooks."""
-        loss.forward(clear_no_need_grad=False, function_pre_hook=self.pre,
-                     function_post_hook=self.post)
-        self.raise_deferred()
-        return self
-
-    def name_of(self, var: Any) -> str:
-        """Parameter name, producing function (``"Softmax#1"``) or input name of ``var``."""
-        h = hash(var)
-        if h in self.param_names:
-            return self.param_names[h]
-        if h in self.producer:
-            k = self.producer[h]
-            return f"{self.records[k].type_name}#{k}"
-        if h not in self.leaf_names:
-            n = var.name
-            self.leaf_names[h] = f"input '{n}'" if n else f"input #{len(self.leaf_names)}"
-        return self.leaf_names[h]
-
-    def position(self, f: Any) -> Optional[int]:
-        """Position of function ``f`` in forward execution order (``None``: not run)."""
-        return self.fwd_index.get(hash(f))
-
-    # hooks ------------------------------------------------------------------
-    def on_pre(self, f: Any) -> None:
-        leaves = [v for v in f.inputs if v.parent is None]
-        for v in leaves:
-            if v.need_grad:
-                self.leaves.setdefault(hash(v), v)
-        if self.culprit is not None:
-            return
-        bad = []
-        for v in leaves:
-            h = hash(v)
-            if h not in self.finite:
-                self.finite[h] = array_stats(v.d)[0] == 0
-            if not self.finite[h]:
-                bad.append(self.name_of(v))
-        if bad:
-            k = len(self.records)
-            self._add_record(f)
-            self.culprit = dict(kind="data", phase="forward", f=f, index=k,
-                                bad_leaves=bad)
-
-    def on_post(self, f: Any, index: int) -> None:
-        if hash(f) in self.fwd_index:   # recorded by on_pre (a data culprit)
-            return
-        k = len(self.records)
-        self._add_record(f)
-        if self.culprit is not None:
-            return
-        outputs_finite = True
-        for v in f.outputs:
-            fin = array_stats(v.d)[0] == 0
-            self.finite[hash(v)] = fin
-            outputs_finite &= fin
-        if not outputs_finite and all(self.finite.get(hash(v), True)
-                                      for v in f.inputs):
-            self.culprit = dict(kind="model", phase="forward", f=f, index=k)
-
-    def _add_record(self, f: Any) -> None:
-        k = len(self.records)
-        ins = [hash(v) for v in f.inputs]
-        outs = [hash(v) for v in f.outputs]
-        self.records.append(FunctionRecord(f.info.type_name, ins, outs,
-                                           [self.param_names[h] for h in ins
-                                            if h in self.param_names]))
-        self.fwd_index[hash(f)] = k
-        for h in outs:
-            self.producer[h] = k
-
-    # description ------------------------------------------------------------
-    def describe(self, report: OverflowReport, culprit: Dict[str, Any],
-                 chain_length: int) -> None:
-        """Fill in the culprit's part of ``report``: its inputs, outputs, path and scope.
-
-        ``culprit`` is a dict with the function ``f`` and its ``index`` in its phase.
-        """
-        f = culprit["f"]
-        k = self.position(f)
-        report.function = f.info.type_name
-        report.index = culprit["index"]
-        report.forward_index = k
-        report.input_names = [self.name_of(v) for v in f.inputs]
-        report.input_shapes = [tuple(v.shape) for v in f.inputs]
-        stats = [array_stats(v.d) for v in f.inputs]
-        report.input_dtypes = [dtype_name(v.data) for v in f.inputs]
-        report.input_nonfinite = [s[0] for s in stats]
-        report.input_max_abs = [s[1] for s in stats]
-        report.input_min_abs = [s[2] for s in stats]
-        report.output_shapes = [tuple(v.shape) for v in f.outputs]
-        report.output_dtypes = [dtype_name(v.data) for v in f.outputs]
-        if k is None:
-            report.path = report.function
-            return
-        report.path = self._path(k, chain_length)
-        report.scope, report.scope_is_upstream = self._scope(k)
-
-    def _path(self, k: int, chain_length: int) -> str:
-        """Producing chain along the first input that has a producer, ending at ``k``."""
-        chain = [k]
-        cur = k
-        while len(chain) < chain_length:
-            ups = [self.producer[h] for h in self.records[cur].inputs if h in self.producer]
-            if not ups:
-                break
-            cur = ups[0]
-            chain.append(cur)
-        truncated = len(chain) == chain_length and any(
-            h in self.producer for h in self.records[chain[-1]].inputs)
-        parts = []
-        for j in reversed(chain):
-            rec = self.records[j]
-            sc = _scope_of(rec.params)
-            parts.append(f"{rec.type_name}#{j}" + (f"[{sc}]" if sc else ""))
-        return ("... -> " if truncated else "") + " -> ".join(parts)
-
-    def _scope(self, k: int) -> Tuple[Optional[str], bool]:
-        """(scope, is upstream): own scope, else the nearest parametric function upstream
-        (any input)."""
-        own = _scope_of(self.records[k].params)
-        if own:
-            return own, False
-        seen, todo = set(), [k]
-        while todo:
-            j = todo.pop(0)
-            for h in self.records[j].inputs:
-                u = self.producer.get(h)
-                if u is None or u in seen:
-                    continue
-                seen.add(u)
-                sc = _scope_of(self.records[u].params)
-                if sc:
-                    return sc, True
-                todo.append(u)
-        return None, False
 
 
 # --------------------------------------------------------------------------- backward

@@ -60,10 +60,12 @@ def _abort_excepthook(exc_type, exc, tb):
 def updater_comm(comm: Any, abort_on_exception: bool) -> Any:
     """An updater's ``comm``, once its ``abort_on_exception`` option has done what it asks.
 
-    An :class:`~nnabla_mpt.MPICommunicator` installed the hook itself, or not, as its own
-    ``abort_on_exception`` said; the updater's ``False`` contradicting its ``True`` is
-    refused. Another communicator (nnabla's) with a callable ``abort()`` and more than
-    one rank gets the hook, aborting through ``comm.abort()``, unless the option is False.
+    A communicator with an ``abort_on_exception`` attribute of its own (an
+    :class:`~nnabla_mpt.MPICommunicator`, known by it: its module imports this one)
+    installed the hook itself, or not, as that attribute says; the updater's ``False``
+    contradicting its ``True`` is refused. Another communicator (nnabla's) with a callable
+    ``abort()`` and more than one rank gets the hook, aborting through ``comm.abort()``,
+    unless the option is False.
 
     Raises:
         ValueError: ``abort_on_exception=False`` with an MPICommunicator that aborts on an
@@ -71,8 +73,7 @@ def updater_comm(comm: Any, abort_on_exception: bool) -> Any:
     """
     if comm is None:
         return None
-    from .communicator import MPICommunicator
-    if isinstance(comm, MPICommunicator):
+    if hasattr(comm, "abort_on_exception"):   # an MPICommunicator
         if comm.abort_on_exception and not abort_on_exception:
             raise ValueError(
                 "abort_on_exception=False cannot be honoured with an MPICommunicator "

@@ -1,8 +1,10 @@
 """The step's decision, "skip or update", made alike on every rank.
 
-One process decides from its own gradients (:class:`LocalDecision`). With a
-communicator, :class:`StepAgreement` makes the decision from the reduced gradients, which
-every rank holds bit for bit alike, so every rank takes the same branch:
+One process decides from its own gradients
+(:class:`~nnabla_mpt.step.decision.LocalDecision`, which the updater makes itself). With a
+communicator,
+:class:`StepAgreement` makes the decision from the reduced gradients, which every rank
+holds bit for bit alike, so every rank takes the same branch:
 
 1. the flags travel at the end of the gradients' all-reduce (this rank's own overflow
    where it checks before the reduce, its loss; exactly, whatever dtype the communicator
@@ -35,51 +37,12 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from ..core import graph
+from ..step.decision import Decision
 from ..step.detector import BatchCheck
 from ..step.step_loss import StepLosses
 from . import exchange
+from .communicator import MPICommunicator
 from .packed import PackedArrays
-
-
-#: What the check of one step found, ``(overflow, loss_nonfinite, bad_batch)``: skip the
-#: step (the reduced gradients overflowed); on a skipped step, whether some micro-batch's
-#: loss (on some rank) was itself non-finite, and whether some rank's batch held inf/NaN
-#: (:class:`~nnabla_mpt.step.detector.BatchCheck`): either way a smaller scale cannot help and
-#: the scale is kept.
-Decision = Tuple[bool, bool, bool]
-
-
-class LocalDecision:
-    """The decision of a single process: its own gradients' check.
-
-    Args:
-        check: The overflow check of the solver's gradients, or None when checking is
-            off (the step always updates); kept as the attribute ``check``.
-        batch: The check of a skipped step's batch (:class:`~nnabla_mpt.step.detector.BatchCheck`).
-    """
-
-    #: No reduction runs inside the backward pass (see :class:`StepAgreement`).
-    in_backward = None
-    #: No all-reduce (see :class:`StepAgreement`).
-    reduction = None
-
-    def __init__(self, check: Optional[Callable[[], bool]], batch: BatchCheck) -> None:
-        self.check = check
-        self._batch = batch
-
-    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Decision:
-        """Checks the step's gradients; on overflow only, reads the step's ``losses``."""
-        if self.check is None or not self.check():
-            return False, False, False
-        return True, not math.isfinite(losses.total()), bool(self._batch.nonfinite(loss))
-
-    def agree_on_diagnosis(self, report) -> bool:
-        """Whether a collapse is a pure overflow: the report says so."""
-        return report.kind == "overflow"
-
-    def gather(self, *values: float) -> List[List[float]]:
-        """Each of ``values`` of every rank: this one's."""
-        return [[value] for value in values]
 
 
 class StepAgreement:
@@ -251,16 +214,15 @@ def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
             grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
             float_only: bool, check: Optional[Callable[[], bool]], mode: str,
             batch: BatchCheck, pack: Optional[int] = None, division: bool = False):
-    """``(decider, shared gradients)`` for an updater: a :class:`LocalDecision` without a
-    communicator; else a :class:`StepAgreement`, checking each rank's own gradients
-    before the reduce too in the saturation ``mode``. The ranks first compare what they
+    """``(decider, shared gradients)`` for an updater with the communicator ``comm``: a
+    :class:`StepAgreement`, checking each rank's own gradients before the reduce too in
+    the saturation ``mode`` (a single process decides alone:
+    :class:`~nnabla_mpt.step.decision.LocalDecision`). The ranks first compare what they
     exchange and learn what the all-reduce does to dtypes (:func:`same_model`).
     With ``pack`` (``options.backward_reduction``) nnabla's callback reduces the gradients
     inside the last backward pass, in packs of that many values, and the step's
     all-reduce carries the flags only; ``division``: the all-reduces average over the
     ranks (``average_ranks``)."""
-    if comm is None:
-        return LocalDecision(check, batch), None
     reduction = same_model(comm, params, grads)
     transport, shared, flags = _transport(comm, reduction, loss, params, grads,
                                           shared_grads, float_only, pack is None, division)
@@ -282,8 +244,6 @@ def _transport(comm, reduction: exchange.Reduction, loss: "nn.Variable",
     which fuses the arrays of a call, and the flags alone where the gradients are reduced
     in the backward pass (not ``with_gradients``); else the gradients and the flags in one
     buffer (:mod:`nnabla_mpt.distributed.packed` says why)."""
-    from .communicator import MPICommunicator
-
     flags = exchange.step_flags(comm, reduction, division)
     if with_gradients and not isinstance(comm, MPICommunicator):
         if shared_grads:

@@ -1,6 +1,7 @@
-"""Copying arrays from one rank to every rank, bit for bit: the work behind
+"""Copying arrays from one rank to every rank, bit for bit:
 :meth:`nnabla_mpt.MPICommunicator.bcast` and
-:meth:`~nnabla_mpt.MPICommunicator.broadcast_parameters`.
+:meth:`~nnabla_mpt.MPICommunicator.broadcast_parameters` (:class:`Broadcast`) and the work
+behind them.
 
 First the ranks exchange the names and shapes of their arrays (:func:`sender_dtypes`, one
 ``allgather``), so that a mismatch raises the same :class:`ValueError` on every rank
@@ -14,6 +15,9 @@ import numpy as np
 import nnabla as nn
 
 from ..core._hostarray import dtype_of, host_view
+from ..core._validate import boolean
+from ._collective_args import check_group, check_src, ndarray_list
+from .collective_timeout import timed
 
 
 def parameter_arrays(params: Union[Dict[str, Any], Sequence[Any]]
@@ -103,3 +107,70 @@ def _signature_mismatch(src_names: Optional[List[str]], src_shapes: List[Tuple[i
             label = repr(src_names[i]) if src_names is not None else str(i)
             return f"has shape {s} for array {label}, the sender {t}"
     return ""
+
+
+class Broadcast:
+    """``bcast`` and ``broadcast_parameters``, for :class:`~nnabla_mpt.MPICommunicator`
+    (which holds ``_comm``, ``_size``, ``_host_ctx``, ``_timeout``, ``n_bcast_calls`` and
+    ``n_collectives``)."""
+
+    @timed("bcast")
+    def bcast(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]], src: int = 0,
+              inplace: bool = False, group: str = "world") -> None:
+        """Copy arrays from rank ``src`` to every rank, bit for bit.
+
+        The arrays travel as raw bytes in ``src``'s dtypes, in one buffer; on the other
+        ranks each array takes ``src``'s dtype. Before the transfer the ranks exchange the
+        shapes, so a mismatch raises the same :class:`ValueError` on every rank instead of
+        corrupting memory or hanging.
+
+        Args:
+            data: One :class:`nnabla.NdArray` or a list of them.
+            src: Rank that sends.
+            inplace: Accepted for compatibility with nnabla; the result is written into
+                ``data`` either way.
+            group: Only ``"world"`` is supported.
+
+        Raises:
+            TypeError: ``data`` is not an NdArray or a list of NdArrays, or ``src`` is not
+                an int.
+            ValueError: ``src`` is out of range, ``data`` is empty, or the shapes differ
+                between ranks.
+        """
+        arrays = ndarray_list(data)
+        check_src(src, self._size)
+        boolean("inplace", inplace)
+        check_group(group)
+        self._bcast_arrays(arrays, src, names=None)
+
+    @timed("broadcast_parameters")
+    def broadcast_parameters(self, params: Union[Dict[str, Any], Sequence[Any]],
+                             src: int = 0) -> None:
+        """Overwrite the parameter values of every rank with those of rank ``src``.
+
+        Call it once after building the graph (and before the first update) so that
+        every rank starts from the same parameters.
+
+        Args:
+            params: A dict of name to :class:`nnabla.Variable` (such as
+                ``nn.get_parameters()`` or ``solver.get_parameters()``), or a list of
+                Variables or NdArrays. For a dict, the names must be the same on every rank.
+            src: Rank whose values are copied.
+
+        Raises:
+            TypeError: ``params`` or one of its values has the wrong type.
+            ValueError: ``src`` is out of range, ``params`` is empty, or names or shapes
+                differ between ranks.
+        """
+        check_src(src, self._size)
+        names, arrays = parameter_arrays(params)
+        self._bcast_arrays(arrays, src, names=names)
+
+    def _bcast_arrays(self, arrays: List["nn.NdArray"], src: int,
+                      names: Optional[List[str]]) -> None:
+        self.n_bcast_calls += 1
+        self.n_collectives += 1
+        dtypes = sender_dtypes(self._comm, arrays, src, names)
+        if self._size > 1:
+            self.n_collectives += 1
+            transfer(self._comm, arrays, src, dtypes, self._host_ctx)

@@ -5,15 +5,16 @@ that data-parallel training uses.
 ``import nnabla_mpt`` never initialises MPI.
 
 The class checks arguments, counts and dispatches; the work is done in modules named
-after it: ``_fused`` (the fused buffer of an all-reduce and its two reductions, through
-shared memory or through MPI collectives), ``broadcast`` (bcast and
-broadcast_parameters), ``shared_grads`` (share_grads and the free-space check),
+after it: ``fused_buffer`` (the fused buffer of an all-reduce) and its two reductions,
+``shared_memory_reduction`` (through shared memory, in place where the arrays lie in
+``shared_arrays``) and ``message_reduction`` (through MPI collectives), ``broadcast`` (bcast
+and broadcast_parameters), ``shared_grads`` (share_grads and the free-space check),
 ``collective_timeout`` (no collective waits forever),
 ``reduce_callback`` (all_reduce_callback: the reduction armed for the next solver
 operation), ``nnabla_api`` (``init``, ``all_gather`` and the methods of nnabla's API it
 refuses) and ``abort`` (the exception hook and ``MPI_Abort``).
 """
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -21,13 +22,17 @@ import nnabla as nn
 
 from ..core._hostarray import dtype_of
 from ..core._validate import boolean
-from . import _fused, broadcast, shared_grads
-from ._collective_args import check_group, check_src, ndarray_list
+from . import shared_grads
+from ._collective_args import check_group, ndarray_list
 from .abort import abort_job, install_excepthook
+from .broadcast import Broadcast
 from .collective_timeout import DEFAULT_TIMEOUT, CollectiveTimeout, checked_timeout, timed
+from .fused_buffer import layout
+from .message_reduction import MessageReduction
 from .nnabla_api import NnablaCommunicatorAPI
 from .reduce_callback import AllReduceCallback, DeferredAllReduce
 from .shared_grads import ShareGrads, SharedGradients
+from .shared_memory_reduction import SharedMemoryReduction
 
 __all__ = ["MPICommunicator", "SharedGradients"]
 
@@ -91,7 +96,7 @@ def _resolved_algorithm(algorithm: str, local_size: int, size: int) -> str:
     return algorithm
 
 
-class MPICommunicator(AllReduceCallback, ShareGrads, NnablaCommunicatorAPI):
+class MPICommunicator(AllReduceCallback, Broadcast, ShareGrads, NnablaCommunicatorAPI):
     """Data-parallel communicator for CPU training over MPI.
 
     It offers the part of nnabla's :class:`nnabla.communicators.Communicator` API that
@@ -167,9 +172,9 @@ class MPICommunicator(AllReduceCallback, ShareGrads, NnablaCommunicatorAPI):
         self._algorithm = algorithm
         self._shm = self._messages = None
         if algorithm != "shared_memory":
-            self._messages = _fused.MessageReduction(MPI, comm, algorithm)
+            self._messages = MessageReduction(MPI, comm, algorithm)
         elif self._size > 1:
-            self._shm = _fused.SharedMemoryReduction(MPI, comm)
+            self._shm = SharedMemoryReduction(MPI, comm)
             self._timeout.absent = (lambda what: self._shm.absent()
                                     if what == "all_reduce" else None)
         from nnabla.ext_utils import get_extension_context
@@ -257,72 +262,7 @@ class MPICommunicator(AllReduceCallback, ShareGrads, NnablaCommunicatorAPI):
         self.n_all_reduce_calls += 1
         if self._size == 1:
             return  # the sum over one rank is the array itself, and so is the average
-
-        dtypes = [dtype_of(a) for a in arrays]
-        lay = _fused.layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
-        if self._shm is None:
-            self._messages.all_reduce(lay, len(arrays), division)
-            # the signatures' allgather, then Reduce_scatter_block + Allgather or Reduce + Bcast
-            self.n_collectives += 3
-            return
-        place = self._windows.locate(lay)
-        before = self._shm.barriers
-        try:
-            self._shm.all_reduce(lay, len(arrays), division, place)
-        finally:
-            self.n_collectives += self._shm.barriers - before
-
-    @timed("bcast")
-    def bcast(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]], src: int = 0,
-              inplace: bool = False, group: str = "world") -> None:
-        """Copy arrays from rank ``src`` to every rank, bit for bit.
-
-        The arrays travel as raw bytes in ``src``'s dtypes, in one buffer; on the other
-        ranks each array takes ``src``'s dtype. Before the transfer the ranks exchange the
-        shapes, so a mismatch raises the same :class:`ValueError` on every rank instead of
-        corrupting memory or hanging.
-
-        Args:
-            data: One :class:`nnabla.NdArray` or a list of them.
-            src: Rank that sends.
-            inplace: Accepted for compatibility with nnabla; the result is written into
-                ``data`` either way.
-            group: Only ``"world"`` is supported.
-
-        Raises:
-            TypeError: ``data`` is not an NdArray or a list of NdArrays, or ``src`` is not
-                an int.
-            ValueError: ``src`` is out of range, ``data`` is empty, or the shapes differ
-                between ranks.
-        """
-        arrays = ndarray_list(data)
-        check_src(src, self._size)
-        boolean("inplace", inplace)
-        check_group(group)
-        self._bcast_arrays(arrays, src, names=None)
-
-    @timed("broadcast_parameters")
-    def broadcast_parameters(self, params: Union[Dict[str, Any], Sequence[Any]],
-                             src: int = 0) -> None:
-        """Overwrite the parameter values of every rank with those of rank ``src``.
-
-        Call it once after building the graph (and before the first update) so that
-        every rank starts from the same parameters.
-
-        Args:
-            params: A dict of name to :class:`nnabla.Variable` (such as
-                ``nn.get_parameters()`` or ``solver.get_parameters()``), or a list of
-                Variables or NdArrays. For a dict, the names must be the same on every rank.
-            src: Rank whose values are copied.
-
-        Raises:
-            TypeError: ``params`` or one of its values has the wrong type.
-            ValueError: ``src`` is out of range, ``params`` is empty, or names or shapes
-                differ between ranks.
-        """
-        check_src(src, self._size)
-        names, arrays = broadcast.parameter_arrays(params)
-        self._bcast_arrays(arrays, src, names=names)
+        self._reduce_fused(arrays, division)
 
     @timed("barrier")
     def barrier(self) -> None:
@@ -341,11 +281,19 @@ class MPICommunicator(AllReduceCallback, ShareGrads, NnablaCommunicatorAPI):
         abort_job(self, errorcode)
 
     # ------------------------------------------------------------------ internals
-    def _bcast_arrays(self, arrays: List["nn.NdArray"], src: int,
-                      names: Optional[List[str]]) -> None:
-        self.n_bcast_calls += 1
-        self.n_collectives += 1
-        dtypes = broadcast.sender_dtypes(self._comm, arrays, src, names)
-        if self._size > 1:
-            self.n_collectives += 1
-            broadcast.transfer(self._comm, arrays, src, dtypes, self._host_ctx)
+    def _reduce_fused(self, arrays: List["nn.NdArray"], division: bool) -> None:
+        """Sum (or average) ``arrays`` over the ranks as one fused buffer, with the scheme
+        in use, counting the collectives issued."""
+        dtypes = [dtype_of(a) for a in arrays]
+        lay = layout(arrays, dtypes, _reduction_dtype(dtypes), self._host_ctx)
+        if self._shm is None:
+            self._messages.all_reduce(lay, len(arrays), division)
+            # the signatures' allgather, then Reduce_scatter_block + Allgather or Reduce + Bcast
+            self.n_collectives += 3
+            return
+        place = self._windows.locate(lay)
+        before = self._shm.barriers
+        try:
+            self._shm.all_reduce(lay, len(arrays), division, place)
+        finally:
+            self.n_collectives += self._shm.barriers - before

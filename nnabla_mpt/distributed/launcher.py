@@ -14,6 +14,8 @@ from typing import Any, Mapping, Optional, Tuple
 
 from nnabla.logger import logger
 
+from .communicator import MPICommunicator
+
 #: (variable holding the number of processes started, who sets it), in the order read.
 LAUNCH_VARIABLES = (
     ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"),
@@ -81,7 +83,6 @@ def set_current_communicator(comm: Any) -> Any:
             comm = set_current_communicator(MPICommunicator())
             current_communicator() is comm   # True, under any launcher
     """
-    from .communicator import MPICommunicator
     if comm is not None and not isinstance(comm, MPICommunicator):
         raise TypeError(f"comm must be an MPICommunicator or None, got "
                         f"{type(comm).__name__}: {comm!r}")

@@ -157,9 +157,6 @@ class AllReduceCallback:
             scale_grad: Multiply the arrays by this factor before the reduction (finite).
             keep_dtype: Accepted for compatibility: each array keeps its dtype either way.
 
-        Returns:
-            None.
-
         Raises:
             TypeError: ``data`` is not an NdArray or a list of NdArrays, or an argument has
                 the wrong type.

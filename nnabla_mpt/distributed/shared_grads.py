@@ -16,8 +16,9 @@ import numpy as np
 import nnabla as nn
 from nnabla.logger import logger
 
-from . import _fused
 from .collective_timeout import timed
+from .fused_buffer import Layout
+from .shared_arrays import SharedArrays, padded
 
 __all__ = ["SharedGradients"]
 
@@ -57,7 +58,7 @@ def shortfall(variables: Sequence["nn.Variable"], mpi_comm: Any, local_size: int
     """
     from mpi4py import MPI
 
-    per_rank = 4 * sum(_fused.padded(int(v.size)) for v in variables)
+    per_rank = 4 * sum(padded(int(v.size)) for v in variables)
     needed = per_rank * local_size
     free = _shm_free_bytes()
     fits = free is None or needed <= free
@@ -97,21 +98,20 @@ class GradientWindows:
         self._MPI = MPI
         self._comm = comm
         self._ctx = ctx
-        self._windows: List[_fused.SharedArrays] = []
+        self._windows: List[SharedArrays] = []
         self._allocated = 0
 
-    def allocate(self, shapes: List[tuple]) -> "_fused.SharedArrays":
+    def allocate(self, shapes: List[tuple]) -> SharedArrays:
         """A new window of float32 arrays of ``shapes`` (collective: every rank allocates
         the same shapes, in the same order relative to its other allocations)."""
         self._allocated += 1
-        window = _fused.SharedArrays(self._MPI, self._comm, shapes, self._allocated,
-                                     self._ctx)
+        window = SharedArrays(self._MPI, self._comm, shapes, self._allocated, self._ctx)
         self._windows.append(window)
         return window
 
-    def locate(self, lay: "_fused.Layout") -> Optional[tuple]:
+    def locate(self, lay: Layout) -> Optional[tuple]:
         """The place of ``lay``'s arrays in one of the windows, ``(window, lo, hi)`` (see
-        :meth:`_fused.SharedArrays.locate`), or None if no window holds them."""
+        :meth:`SharedArrays.locate`), or None if no window holds them."""
         for window in self._windows:
             place = window.locate(lay)
             if place is not None:

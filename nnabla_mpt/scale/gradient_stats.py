@@ -15,8 +15,7 @@ from typing import Any, Dict, Mapping
 
 import numpy as np
 
-from ..core.dtypes import FLOATS
-from ..diagnosis.watch import dtype_name
+from ..core.dtypes import FLOATS, dtype_name
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Every measurement comes from a watched backward pass
 (:class:`~nnabla_mpt.diagnosis.watch.RangeWatch`) run at some scale ``s``, whose seed holds
-``h``, the scale rounded to the loss's dtype (:func:`~nnabla_mpt.seed.held_scale`;
+``h``, the scale rounded to the loss's dtype (:func:`~nnabla_mpt.scale.seed.held_scale`;
 ``h = s`` where the dtype holds ``s``), which finds how far the pass's gradients could be
 multiplied before one of them leaves its dtype::
 
@@ -164,6 +164,31 @@ class ScaleMeter:
         self.calibration_pending = calibrate
         self.history = ScaleHistory()
 
+    def before_passes(self, index: int, data_feeder: Optional[Callable[[], Any]],
+                      zero_grads: Callable[[], None],
+                      forward: Callable[[], None]) -> Tuple[bool, Optional[RangeWatch]]:
+        """Before the backward passes of step ``index``: ``(fed, watch)``. Where
+        ``scale="auto"`` is still to measure, the first micro-batch is fed and forwarded
+        and the policy's scale calibrated on it (:meth:`calibrate`; ``fed``: the step's
+        first micro-batch is ready); ``watch`` watches the step's backward passes where
+        measured growth looks (:meth:`growth_watch`), else None."""
+        fed = self.calibration_pending
+        if fed:
+            self.calibrate(data_feeder, forward, zero_grads)
+        return fed, self.growth_watch(index)
+
+    def after_step(self, fed: bool, skipped: bool,
+                   measured: Optional[Tuple[float, float, float]], loss_nonfinite: bool,
+                   bad_batch: bool) -> None:
+        """Once the step is decided: tells the policy whether it overflowed (``skipped``)
+        and the room ``measured`` leaves (:meth:`settled`), unless the step was skipped
+        for a non-finite loss or a bad batch, which no smaller scale fixes (the scale is
+        kept); a calibration (``fed``) on a bad batch measures again at the next step."""
+        if not (loss_nonfinite or bad_batch):
+            self._policy.update(skipped, self.settled(measured, skipped))
+        if fed and bad_batch:
+            self.calibration_pending = True
+
     def growth_watch(self, index: int) -> Optional[RangeWatch]:
         """A watch for the backward passes of step ``index`` in ``"measured"`` mode: where
         growth is due, and for the history every
@@ -255,7 +280,7 @@ class ScaleMeter:
                                calibrated_scale(held_scale(probe, self._dtype), measured,
                                                   lower, upper))
         if any(math.isnan(start) for start in starts):
-            scale = self._policy.get_loss_scale()
+            scale = self._policy.loss_scale
             logger.info(f"nnabla_mpt: scale='auto' measures nothing on this step's batch: "
                         f"{why or 'the batch of another rank cannot be measured'}; the scale "
                         f"stays {scale:g} and the next step measures its own batch")
@@ -263,16 +288,23 @@ class ScaleMeter:
         scale = min(starts)
         self._policy.set_loss_scale(scale)
         self.calibration_pending = False
-        ranks = f", the smallest start over {len(starts)} ranks" if len(starts) > 1 else ""
+        self._log_start(scale, len(starts), probe, measured, largest)
+        return scale
+
+    def _log_start(self, scale: float, ranks: int, probe: float, measured: float,
+                   largest: float) -> None:
+        """The info line of a calibrated start ``scale`` (the smallest over ``ranks``): the
+        largest gradient at ``probe`` and why that start (``measured``: the room there)."""
+        lower, upper = self._policy.min_scale, self._policy.max_scale
+        over = f", the smallest start over {ranks} ranks" if ranks > 1 else ""
         keeps = (f"every gradient {MARGIN:g} times below its dtype's largest value")
         why = (f"{scale:g} is the largest power of two within [{lower:g}, {upper:g}] that "
                f"keeps {keeps}" if measured * held_scale(probe, self._dtype) >= lower else
                f"no scale within [{lower:g}, {upper:g}] keeps {keeps}, so it starts at the "
                f"lower bound")
-        logger.info(f"nnabla_mpt: scale='auto' starts at {scale:g}{ranks}. Measured on this "
+        logger.info(f"nnabla_mpt: scale='auto' starts at {scale:g}{over}. Measured on this "
                     f"step's batch: the largest gradient is {largest:.4g} at scale "
                     f"{probe:g}; {why}")
-        return scale
 
     def _probe(self, probe: float, upper: float,
                zero_grads: Callable[[], None]) -> Tuple[float, float, float]:

@@ -1,7 +1,7 @@
 """Loss-scale policies: plain Python objects that decide the scale, and nothing else.
 
 A policy knows nothing of nnabla. The updater asks it for the scale to use
-(:meth:`get_loss_scale`), tells it whether the step overflowed (:meth:`update`) and saves
+(:attr:`loss_scale`), tells it whether the step overflowed (:meth:`update`) and saves
 it with the rest of the training state (:meth:`state_dict`).
 
 Example:
@@ -29,6 +29,8 @@ SCALE_LIMIT = FLOATS["float32"].max
 
 GrowthMode = Literal["probe", "measured"]
 GROWTH_MODES = ("probe", "measured")
+#: The first scale of a :class:`DynamicLossScale` given none: the largest float16 can seed.
+DEFAULT_INIT_SCALE = 2.0 ** 15
 
 
 def _scale_value(name: str, value: Any, **bounds) -> float:
@@ -72,7 +74,8 @@ class DynamicLossScale:
     :data:`SCALE_LIMIT`, the largest float32 (a larger ``max_scale`` acts as that).
 
     Args:
-        init_scale: The scale of the first step.
+        init_scale: The scale of the first step; None (default): ``2**15``
+            (:data:`DEFAULT_INIT_SCALE`), or ``max_scale`` where that is lower.
         growth_factor: Factor applied on growth; ``> 1``.
         backoff_factor: Factor applied on back-off; in ``(0, 1)``.
         growth_interval: Consecutive good steps before a growth; ``>= 1``.
@@ -87,10 +90,12 @@ class DynamicLossScale:
 
     kind = "dynamic"
 
-    def __init__(self, init_scale: float = 2.0 ** 15, growth_factor: float = 2.0,
+    def __init__(self, init_scale: Optional[float] = None, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
                  hysteresis: int = 1, min_scale: float = 1.0,
                  max_scale: float = 2.0 ** 24, growth_mode: GrowthMode = "probe") -> None:
+        if init_scale is None:
+            init_scale = min(DEFAULT_INIT_SCALE, check.real("max_scale", max_scale, gt=0.0))
         settings = {"scale": init_scale, "growth_factor": growth_factor,
                     "backoff_factor": backoff_factor, "growth_interval": growth_interval,
                     "hysteresis": hysteresis, "min_scale": min_scale, "max_scale": max_scale,
@@ -102,10 +107,6 @@ class DynamicLossScale:
 
     @property
     def loss_scale(self) -> float:
-        """The scale to use for the next step."""
-        return self._scale
-
-    def get_loss_scale(self) -> float:
         """The scale to use for the next step."""
         return self._scale
 
@@ -299,10 +300,6 @@ class FixedLossScale:
 
     @property
     def loss_scale(self) -> float:
-        """The scale, the same for every step."""
-        return self._scale
-
-    def get_loss_scale(self) -> float:
         """The scale, the same for every step."""
         return self._scale
 

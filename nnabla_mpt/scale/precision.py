@@ -11,7 +11,7 @@ The schedule is asked for with a string ``"TYPE|TRIGGER|VALUE"``:
 This module is pure Python: it parses, validates and decides; the updater runs the graphs.
 
 Example:
-    >>> from nnabla_mpt.precision import AccelerateTrainMode
+    >>> from nnabla_mpt.scale.precision import AccelerateTrainMode
     >>> mode = AccelerateTrainMode.parse("fast|step|0.8")
     >>> mode.switch_step(total_steps=50)
     40
@@ -43,7 +43,7 @@ def _syntax() -> str:
 
 @dataclass(frozen=True)
 class AccelerateTrainMode:
-    """A parsed ``accelerate_train_mode`` string.
+    """A parsed precision-schedule mode string (``PrecisionSchedule(mode)``).
 
     Attributes:
         type: ``"fast"`` or ``"fast1"``.
@@ -68,36 +68,36 @@ class AccelerateTrainMode:
                 field, the value received and what is allowed.
         """
         if not isinstance(mode, str):
-            raise TypeError(f"accelerate_train_mode must be a string such as 'fast|step|0.9', "
+            raise TypeError(f"mode must be a string such as 'fast|step|0.9', "
                             f"got {mode!r} of type {type(mode).__name__}")
         fields = mode.split("|")
         if mode.strip() == "" or not 2 <= len(fields) <= 3:
-            raise ValueError(f"accelerate_train_mode={mode!r} is malformed: {_syntax()}")
+            raise ValueError(f"mode={mode!r} is malformed: {_syntax()}")
         kind, trigger = fields[0].strip(), fields[1].strip()
         if kind not in TYPES:
-            raise ValueError(f"accelerate_train_mode={mode!r}: TYPE must be 'fast' (float16) "
+            raise ValueError(f"mode={mode!r}: TYPE must be 'fast' (float16) "
                              f"or 'fast1' (bfloat16), got {kind!r}")
         if trigger not in TRIGGERS:
-            raise ValueError(f"accelerate_train_mode={mode!r}: TRIGGER must be 'step' or "
+            raise ValueError(f"mode={mode!r}: TRIGGER must be 'step' or "
                              f"'loss', got {trigger!r}")
         low, high, default = TRIGGERS[trigger]
         raw = fields[2].strip() if len(fields) == 3 else ""
         if len(fields) == 3 and raw == "":
-            raise ValueError(f"accelerate_train_mode={mode!r}: VALUE is empty; omit it with "
+            raise ValueError(f"mode={mode!r}: VALUE is empty; omit it with "
                              f"its '|' to take the default {default}, or give a number in "
                              f"[{low}, {high}]")
         raw = raw or default
         if not raw.isascii():     # float() and Fraction() would read any Unicode digit
-            raise ValueError(f"accelerate_train_mode={mode!r}: VALUE must be written with the "
+            raise ValueError(f"mode={mode!r}: VALUE must be written with the "
                              f"ASCII digits 0-9, got {raw!r}")
         try:
             exact = Fraction(raw)
             number = float(raw)
         except (ValueError, ZeroDivisionError):
-            raise ValueError(f"accelerate_train_mode={mode!r}: VALUE must be a number in "
+            raise ValueError(f"mode={mode!r}: VALUE must be a number in "
                              f"[{low}, {high}] for the {trigger!r} trigger, got {raw!r}") from None
         if not Fraction(low) <= exact <= Fraction(high):
-            raise ValueError(f"accelerate_train_mode={mode!r}: VALUE for the {trigger!r} "
+            raise ValueError(f"mode={mode!r}: VALUE for the {trigger!r} "
                              f"trigger must lie in [{low}, {high}], got {raw}")
         return cls(type=kind, trigger=trigger, value=number,
                    text=f"{kind}|{trigger}|{_shortest(raw)}")
@@ -120,35 +120,48 @@ class PrecisionSchedule:
     * Loss trigger: the first step whose loss is ``<= VALUE × final_loss`` is the last one in
       reduced precision; every later step runs in full precision.
 
+    Given to an updater as ``schedule=``, it runs ``loss`` (built under a half context) in
+    reduced precision first, then ``high_precision_loss`` (the same network's loss built
+    under the float context, sharing the parameters) run with scale 1 and the overflow
+    check kept. The updater keeps a schedule of its own (``updater.schedule``), built from
+    this one's arguments: the switch of one run is never carried into another.
+
     Args:
-        mode: The ``accelerate_train_mode`` string.
+        mode: ``"TYPE|TRIGGER|VALUE"``, e.g. ``"fast|step|0.9"`` (see the module).
         total_steps: Total number of steps of the run (step trigger).
         final_loss: The target loss (loss trigger); ``> 0``.
+        high_precision_loss: The loss of the full-precision steps (an updater needs it).
+
+    Example:
+        >>> from nnabla_mpt import PrecisionSchedule
+        >>> PrecisionSchedule("fast|step|0.9", total_steps=1000).switch_step
+        900
     """
 
     def __init__(self, mode: str, total_steps: Optional[int] = None,
-                 final_loss: Optional[float] = None) -> None:
+                 final_loss: Optional[float] = None, high_precision_loss: Any = None) -> None:
         self.mode = AccelerateTrainMode.parse(mode)
+        self.high_precision_loss = high_precision_loss
         self.total_steps = None
         self.final_loss = None
         self.switch_step: Optional[int] = None
         self.switch_loss: Optional[float] = None
         if self.mode.trigger == "step":
             if total_steps is None:
-                raise ValueError(f"accelerate_train_mode={mode!r} uses the 'step' trigger: "
+                raise ValueError(f"mode={mode!r} uses the 'step' trigger: "
                                  f"pass total_steps, the total number of training steps")
             if final_loss is not None:
                 raise ValueError(f"final_loss={final_loss!r} is for the 'loss' trigger; "
-                                 f"accelerate_train_mode={mode!r} uses 'step'")
+                                 f"mode={mode!r} uses 'step'")
             self.total_steps = check.integer("total_steps", total_steps, ge=1)
             self.switch_step = self.mode.switch_step(self.total_steps)
         else:
             if final_loss is None:
-                raise ValueError(f"accelerate_train_mode={mode!r} uses the 'loss' trigger: "
+                raise ValueError(f"mode={mode!r} uses the 'loss' trigger: "
                                  f"pass final_loss, the target loss of the run")
             if total_steps is not None:
                 raise ValueError(f"total_steps={total_steps!r} is for the 'step' trigger; "
-                                 f"accelerate_train_mode={mode!r} uses 'loss'")
+                                 f"mode={mode!r} uses 'loss'")
             self.final_loss = check.real("final_loss", final_loss, gt=0.0)
 
     @property
@@ -195,7 +208,7 @@ class PrecisionSchedule:
         saved = (state["mode"], state["total_steps"], state["final_loss"])
         mine = (self.mode.text, self.total_steps, self.final_loss)
         if (_parsed(state["mode"]), saved[1:]) != (self.mode, mine[1:]):
-            raise ValueError(f"the checkpoint's precision schedule (accelerate_train_mode, "
+            raise ValueError(f"the checkpoint's precision schedule (mode, "
                              f"total_steps, final_loss) = {saved} differs from this "
                              f"updater's {mine}")
         switch = state["switch_step"]

@@ -24,7 +24,6 @@ from typing import Callable, List, Mapping, Optional, Set
 
 from nnabla.logger import logger
 
-from ..core import _validate as check
 from ..diagnosis import diagnosis
 from ..diagnosis.report import LossScaleCollapseError, OverflowReport
 from ..scale.policy import DynamicLossScale
@@ -99,13 +98,8 @@ class CollapseWatch:
         if self.floor_policy == "ignore" or self._streak_reported:
             return
         loss_at_fault = self._nonfinite_losses == self.overflow_streak
-        if at_floor:
-            reason = f"overflow at the minimum loss scale {scale:g}"
-        elif self.overflow_streak >= self.diagnose_after and not self._streak_diagnosed:
-            reason = (f"{self.overflow_streak} consecutive steps whose loss itself is "
-                      f"non-finite" if loss_at_fault else
-                      f"{self.overflow_streak} consecutive overflowing steps")
-        else:
+        reason = self._collapse_reason(scale, at_floor, loss_at_fault)
+        if reason is None:
             return
         self._streak_diagnosed = True
         report = diagnosis.diagnose(loss, scale, self._params)
@@ -131,6 +125,19 @@ class CollapseWatch:
         logger.warning(self._headline(reason, scale, loss_at_fault and not at_floor)
                        + f"; training goes on skipping these steps (floor_policy='warn')."
                        f"\n{report}")
+
+    def _collapse_reason(self, scale: float, at_floor: bool,
+                         loss_at_fault: bool) -> Optional[str]:
+        """Why the streak is a collapse to diagnose, or None: an overflow at the floor, or
+        ``diagnose_after`` overflowing steps (of a non-finite loss: ``loss_at_fault``) not
+        diagnosed yet."""
+        if at_floor:
+            return f"overflow at the minimum loss scale {scale:g}"
+        if self.overflow_streak < self.diagnose_after or self._streak_diagnosed:
+            return None
+        if loss_at_fault:
+            return f"{self.overflow_streak} consecutive steps whose loss itself is non-finite"
+        return f"{self.overflow_streak} consecutive overflowing steps"
 
     @staticmethod
     def _headline(reason: str, scale: float, loss_at_fault: bool) -> str:
@@ -184,25 +191,11 @@ class CollapseWatch:
 
 
 class CollapseAttributes:
-    """The updaters' attributes of the collapse handling, read from their
-    :class:`CollapseWatch` (``self._collapse``)."""
+    """The updaters' counters and report of the collapse handling, read from their
+    :class:`CollapseWatch` (``self._collapse``); its settings, ``floor_policy`` and
+    ``diagnose_after``, are in :mod:`nnabla_mpt.settings`."""
 
     _collapse: CollapseWatch
-
-    @property
-    def floor_policy(self) -> str:
-        """``"raise"``, ``"warn"`` or ``"ignore"``: what a collapse does (assignable)."""
-        return self._collapse.floor_policy
-
-    @floor_policy.setter
-    def floor_policy(self, value: str) -> None:
-        self._collapse.floor_policy = check.choice("floor_policy", value,
-                                                   ("raise", "warn", "ignore"))
-
-    @property
-    def diagnose_after(self) -> int:
-        """Consecutive overflowing steps that trigger the diagnosis."""
-        return self._collapse.diagnose_after
 
     @property
     def overflow_streak(self) -> int:

@@ -50,25 +50,13 @@ def checked_feeder(name: str, feeder: Any) -> Optional[Callable[[], Any]]:
     return feeder
 
 
-class DataFeeder:
-    """The ``data_feeder`` attribute of an updater (a descriptor): reading it gives the
-    feeder; assigning it checks the new one (:func:`checked_feeder`) and puts in the
-    updater's ``_feed``, which the step calls, a wrapper that checks the feeder's first
+def install_feeder(updater: Any, feeder: Optional[Callable[[], Any]]) -> None:
+    """Makes ``feeder`` (checked) the feeder of ``updater``: kept in its ``_data_feeder``,
+    and in its ``_feed``, which the step calls, a wrapper that checks the feeder's first
     return value (:func:`first_call_checked`)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, updater: Any, owner: type = None) -> Any:
-        if updater is None:
-            return self
-        return updater._data_feeder
-
-    def __set__(self, updater: Any, feeder: Any) -> None:
-        feeder = checked_feeder(self.name, feeder)
-        updater._data_feeder = feeder
-        updater._feed = None if feeder is None else first_call_checked(updater, feeder,
-                                                                       self.name)
+    updater._data_feeder = feeder
+    updater._feed = None if feeder is None else first_call_checked(updater, feeder,
+                                                                   "data_feeder")
 
 
 def first_call_checked(updater: Any, feeder: Callable[[], Any],

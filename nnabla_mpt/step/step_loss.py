@@ -29,7 +29,7 @@ skipped step reads its losses at once (the updater's diagnosis runs forward pass
 """
 import math
 from sys import getrefcount
-from typing import List, Sequence, Union
+from typing import Any, List, Sequence, Tuple, Union
 
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
@@ -178,3 +178,22 @@ class LossRecorder:
             return
         self.loss.data = losses.values[micro_batch]
         self._root.forward(clear_no_need_grad=clear_no_need_grad)
+
+
+def checked_outputs(name: str, outputs: Any) -> Tuple["nn.Variable", ...]:
+    """The ``outputs`` option checked: Variables that a function computes, each once."""
+    if outputs is None:
+        return ()
+    if not isinstance(outputs, (list, tuple)):
+        raise TypeError(f"{name} must be None or a list of nnabla.Variable, got "
+                        f"{type(outputs).__name__}")
+    for i, v in enumerate(outputs):
+        if not isinstance(v, nn.Variable):
+            raise TypeError(f"{name}[{i}] must be an nnabla.Variable, got {type(v).__name__}")
+        if v.parent is None:
+            raise ValueError(f"{name}[{i}] is a leaf Variable (shape {tuple(v.shape)}): no "
+                             f"function computes it, so a forward pass would not change it")
+        if any(v is w for w in outputs[:i]):
+            raise ValueError(f"{name}[{i}] is given twice (also at "
+                             f"{name}[{[w is v for w in outputs].index(True)}])")
+    return tuple(outputs)

@@ -12,7 +12,7 @@ class Unscaler:
     The gradients hold the seed's value × the sum over ``accum_grad`` micro-batches (and
     over the ranks after an all-reduce, which itself divides by the number of ranks where
     they are averaged); the seed holds the loss scale rounded to the loss's dtype
-    (:func:`~nnabla_mpt.seed.held_scale`: 3000.0 for a scale of 3000.7 in float16).
+    (:func:`~nnabla_mpt.scale.seed.held_scale`: 3000.0 for a scale of 3000.7 in float16).
     :meth:`unscale` divides them by that held value, and by ``accum_grad`` where the
     micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
     takes the global L2 norm of the unscaled gradients, squared in float32, and scales
@@ -114,3 +114,12 @@ def scheduled_rate(scheduler: Any, updates: int) -> float:
                          f"learning rate must be finite and >= 0 (the step is not taken: "
                          f"parameters, solver states and counters are unchanged)")
     return value
+
+
+def checked_lr_scheduler(name: str, scheduler: Any) -> Any:
+    """The ``lr_scheduler`` option checked: None or an object with ``get_learning_rate``."""
+    if scheduler is None or callable(getattr(scheduler, "get_learning_rate", None)):
+        return scheduler
+    raise TypeError(f"{name} must be None or a learning-rate schedule with a "
+                    f"get_learning_rate(iter) method (nnabla.utils.learning_rate_scheduler), "
+                    f"got {scheduler!r} of type {type(scheduler).__name__}")

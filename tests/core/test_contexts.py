@@ -15,7 +15,7 @@ import nnabla as nn
 import pytest
 
 from mpi_workers.standins import NcclLikeCommunicator
-from nnabla_mpt import DynamicLossScalingUpdater
+from nnabla_mpt import DynamicLossScalingUpdater, OverflowHandling
 from nnabla_mpt.core import graph
 from support import Net, assert_bitwise_equal, context
 
@@ -99,7 +99,8 @@ def test_every_context_the_updater_enters_keeps_the_loss_device(type_config, com
         updater = DynamicLossScalingUpdater(
             net.solver("Adam", alpha=1e-2), net.loss, net.feeder, scale="auto",
             growth_mode="measured", N=2, gradient_stats_every=2, clip_grad_norm=10.0,
-            overflow_mode=mode, comm=None if comm is None else NcclLikeCommunicator(comm))
+            overflow=OverflowHandling(
+                mode=mode), comm=None if comm is None else NcclLikeCommunicator(comm))
         results = [updater.update() for _ in range(6)]
     assert any(r.gradient_stats for r in results)
     assert len(entered.seen) > 10        # the reductions of the watch and the statistics

@@ -11,7 +11,8 @@ import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        OverflowHandling)
 from nnabla_mpt.diagnosis import diagnosis
 from nnabla_mpt.diagnosis.diagnosis import LossScaleCollapseError
 from support import Net, linear_mse_grads
@@ -112,7 +113,7 @@ def test_log_of_zeros_raises_within_the_streak_naming_log_forward(count_diagnose
     net = MaskedLogLikelihood(bad_steps=100)
     before = snapshot()
     u = DynamicLossScalingUpdater(net.solver, net.loss, net, scale=2.0 ** 10,
-                                  diagnose_after=3)
+                                  overflow=OverflowHandling(diagnose_after=3))
     assert u.update().skipped and u.update().skipped
     with pytest.raises(LossScaleCollapseError) as info:
         u.update()
@@ -143,7 +144,7 @@ def test_fixed_updater_raises_on_a_streak_of_pure_overflow():
     net = Net("half")
     net.large = set(range(100))
     u = FixedLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
-                                scale=LARGE_OVERFLOWS, diagnose_after=2)
+                                scale=LARGE_OVERFLOWS, overflow=OverflowHandling(diagnose_after=2))
     assert u.update().skipped
     with pytest.raises(LossScaleCollapseError) as info:
         u.update()
@@ -169,8 +170,9 @@ def test_fixed_updater_raises_on_a_streak_of_pure_overflow():
 
 def test_overflow_at_the_minimum_scale_triggers_at_once():
     net = MaskedLogLikelihood(bad_steps=100)
-    u = DynamicLossScalingUpdater(net.solver, net.loss, net, scale=1.0, min_scale=1.0,
-                                  diagnose_after=50)
+    u = DynamicLossScalingUpdater(net.solver, net.loss, net,
+                                  policy=DynamicLossScale(init_scale=1.0, min_scale=1.0),
+                                  overflow=OverflowHandling(diagnose_after=50))
     with pytest.raises(LossScaleCollapseError, match=r"overflow at the minimum loss scale 1\)"):
         u.update()
     assert u.steps == 1 and u.last_report.function == "Log"
@@ -181,7 +183,7 @@ def test_overflow_at_the_minimum_scale_triggers_at_once():
 def test_warn_logs_the_report_once_and_training_goes_on(nnabla_log, count_diagnose):
     net = MaskedLogLikelihood(bad_steps=6)
     u = DynamicLossScalingUpdater(net.solver, net.loss, net, scale=2.0 ** 10,
-                                  floor_policy="warn", diagnose_after=3)
+                                  overflow=OverflowHandling(floor_policy="warn", diagnose_after=3))
     before = snapshot()
     results = [u.update() for _ in range(10)]
     assert [r.skipped for r in results] == [True] * 6 + [False] * 4
@@ -209,7 +211,7 @@ def test_warn_logs_the_report_once_and_training_goes_on(nnabla_log, count_diagno
 def test_each_overflow_is_logged_at_debug_level(nnabla_log):
     net = MaskedLogLikelihood(bad_steps=2)
     u = DynamicLossScalingUpdater(net.solver, net.loss, net, scale=2.0 ** 10,
-                                  floor_policy="warn", diagnose_after=3)
+                                  overflow=OverflowHandling(floor_policy="warn", diagnose_after=3))
     for _ in range(3):
         u.update()
     debug = [r.getMessage() for r in records(nnabla_log, logging.DEBUG)]
@@ -223,7 +225,8 @@ def test_each_overflow_is_logged_at_debug_level(nnabla_log):
 def test_ignore_stays_silent_and_runs_no_diagnosis(nnabla_log, count_diagnose):
     net = MaskedLogLikelihood(bad_steps=100)
     u = DynamicLossScalingUpdater(net.solver, net.loss, net, scale=2.0 ** 10,
-                                  floor_policy="ignore", diagnose_after=1)
+                                  overflow=OverflowHandling(
+                                      floor_policy="ignore", diagnose_after=1))
     results = [u.update() for _ in range(5)]
     assert all(r.skipped for r in results) and u.skipped_steps == 5
     assert records(nnabla_log, logging.WARNING) == []
@@ -254,8 +257,10 @@ def test_backing_off_from_a_too_high_scale_is_not_a_collapse(count_diagnose, nna
     net = Net("half")
     net.large = set(range(8))
     u = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
-                                  scale=2.0 ** 15, N=1000, backoff_factor=0.75,
-                                  diagnose_after=3)
+                                  policy=DynamicLossScale(
+                                      init_scale=2.0 ** 15, backoff_factor=0.75,
+                                      growth_interval=1000),
+                                  overflow=OverflowHandling(diagnose_after=3))
     scales = [2.0 ** 15 * 0.75 ** k for k in range(9)]
     assert scales[7] > LARGE_OVERFLOWS
     results = [u.update() for _ in range(12)]
@@ -274,22 +279,22 @@ def test_backing_off_from_a_too_high_scale_is_not_a_collapse(count_diagnose, nna
 
 @pytest.mark.parametrize("kwargs, exc, message", [
     (dict(floor_policy="stop"), ValueError,
-     "floor_policy must be one of 'raise', 'warn', 'ignore', got 'stop'"),
-    (dict(diagnose_after=0), ValueError, "diagnose_after must be >= 1, got 0"),
-    (dict(diagnose_after=2.5), TypeError, "diagnose_after must be an integer, got 2.5"),
+     "^OverflowHandling.floor_policy must be one of 'raise', 'warn', 'ignore', got 'stop'"),
+    (dict(diagnose_after=0), ValueError, "^OverflowHandling.diagnose_after must be >= 1, got 0"),
+    (dict(diagnose_after=2.5), TypeError,
+     "^OverflowHandling.diagnose_after must be an integer, got 2.5"),
 ])
-@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
-def test_options_are_checked(cls, kwargs, exc, message):
-    solver, loss, feed = healthy_regression()
+def test_options_are_checked(kwargs, exc, message):
     with pytest.raises(exc, match=message):
-        cls(solver, loss, feed, **kwargs)
+        OverflowHandling(**kwargs)
 
 
 def test_options_are_keyword_only_with_defaults():
     solver, loss, feed = healthy_regression()
     u = DynamicLossScalingUpdater(solver, loss, feed)
     assert (u.floor_policy, u.diagnose_after, u.last_report) == ("raise", 8, None)
-    f = FixedLossScalingUpdater(solver, loss, feed, floor_policy="warn", diagnose_after=2)
+    f = FixedLossScalingUpdater(solver, loss, feed,
+                                overflow=OverflowHandling(floor_policy="warn", diagnose_after=2))
     assert (f.floor_policy, f.diagnose_after) == ("warn", 2)
 
 
@@ -309,7 +314,8 @@ def _batch_normalized_run(diagnose_after):
     solver = S.Sgd(0.1)
     solver.set_parameters(nn.get_parameters())
     updater = DynamicLossScalingUpdater(solver, loss, scale=2.0 ** 15, N=1000,
-                                        diagnose_after=diagnose_after, floor_policy="warn")
+                                        overflow=OverflowHandling(
+                                            diagnose_after=diagnose_after, floor_policy="warn"))
     step = updater.update()
     state = {k: np.array(v.d, copy=True)
              for k, v in nn.get_parameters(grad_only=False).items() if not v.need_grad}

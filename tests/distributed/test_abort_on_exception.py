@@ -55,7 +55,8 @@ def process_hook(monkeypatch):
 
 
 def test_false_contradicting_an_aborting_mpi_communicator_is_refused(process_hook):
-    from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, MPICommunicator
+    from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                            GradientReduction, MPICommunicator)
 
     net = Net()
     comm = MPICommunicator()       # abort_on_exception=True: its hook is in place
@@ -65,12 +66,13 @@ def test_false_contradicting_an_aborting_mpi_communicator_is_refused(process_hoo
                                              r"with an MPICommunicator made with "
                                              r"abort_on_exception=True: .*pass "
                                              r"MPICommunicator\(abort_on_exception=False\)"):
-            cls(net.solver(), net.loss, None, comm=comm, abort_on_exception=False)
+            cls(net.solver(), net.loss, None, comm=comm,
+                reduction=GradientReduction(abort_on_exception=False))
         cls(net.solver(), net.loss, None, comm=comm)        # True: the communicator's hook
 
 
 def test_an_mpi_communicator_made_not_to_abort_accepts_either_value(process_hook):
-    from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+    from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator
 
     net = Net()
     comm = MPICommunicator(abort_on_exception=False)
@@ -78,13 +80,13 @@ def test_an_mpi_communicator_made_not_to_abort_accepts_either_value(process_hook
     hook = sys.excepthook
     for flag in (True, False):
         DynamicLossScalingUpdater(net.solver(), net.loss, None, comm=comm,
-                                  abort_on_exception=flag)
+                                  reduction=GradientReduction(abort_on_exception=flag))
     assert sys.excepthook is hook
 
 
 def test_abort_on_exception_must_be_a_bool():
-    from nnabla_mpt import DynamicLossScalingUpdater
+    from nnabla_mpt import GradientReduction
 
-    net = Net()
-    with pytest.raises(TypeError, match=r"^abort_on_exception must be True or False, got 1"):
-        DynamicLossScalingUpdater(net.solver(), net.loss, abort_on_exception=1)
+    with pytest.raises(TypeError, match=r"^GradientReduction\.abort_on_exception must be True "
+                                        r"or False, got 1"):
+        GradientReduction(abort_on_exception=1)

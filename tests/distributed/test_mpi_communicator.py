@@ -329,12 +329,13 @@ def _small_training(type_config="float", seed=0):
 
 def test_shared_grads_in_one_process_trains_like_no_communicator(solo):
     import nnabla as nn
-    from nnabla_mpt import DynamicLossScalingUpdater
+    from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction
 
     finals = {}
     for use in ("comm", "none"):
         solver, loss, feed = _small_training()
-        kw = dict(comm=solo, shared_grads=True) if use == "comm" else {}
+        kw = (dict(comm=solo, reduction=GradientReduction(shared_grads=True)) if use == "comm"
+              else {})
         updater = DynamicLossScalingUpdater(solver, loss, feed, scale=4.0, N=3, **kw)
         for _ in range(5):
             updater.update()
@@ -353,23 +354,29 @@ def test_shared_grads_in_one_process_trains_like_no_communicator(solo):
 
 def test_shared_grads_true_names_what_prevents_it(solo):
     import nnabla as nn
-    from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, MPICommunicator
+    from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                            GradientReduction, MPICommunicator)
 
     solver, loss, feed = _small_training()
     rs = MPICommunicator(algorithm="reduce_scatter", abort_on_exception=False)
     with pytest.raises(ValueError, match=r"shared_grads=True cannot be honoured: the "
                                          r"communicator uses algorithm='reduce_scatter'"):
-        DynamicLossScalingUpdater(solver, loss, feed, comm=rs, shared_grads=True)
+        DynamicLossScalingUpdater(solver, loss, feed, comm=rs,
+                                  reduction=GradientReduction(shared_grads=True))
     grads = [v.grad for v in solver.get_parameters().values()]
     with pytest.raises(ValueError, match=r"grads is given \(the updater can only place"):
-        FixedLossScalingUpdater(solver, loss, feed, comm=solo, grads=grads, shared_grads=True)
-    with pytest.raises(TypeError, match="shared_grads must be True or False, got 'yes'"):
-        DynamicLossScalingUpdater(solver, loss, feed, comm=solo, shared_grads="yes")
+        FixedLossScalingUpdater(solver, loss, feed, comm=solo, grads=grads,
+                                reduction=GradientReduction(shared_grads=True))
+    with pytest.raises(TypeError, match="^GradientReduction.shared_grads must be True or False, got 'yes'"):
+        DynamicLossScalingUpdater(solver, loss, feed, comm=solo,
+                                  reduction=GradientReduction(shared_grads="yes"))
     solver, loss, feed = _small_training("half")
     with pytest.raises(ValueError, match=r"the graph runs in float16"):
-        DynamicLossScalingUpdater(solver, loss, feed, comm=solo, shared_grads=True)
+        DynamicLossScalingUpdater(solver, loss, feed, comm=solo,
+                                  reduction=GradientReduction(shared_grads=True))
     # shared_grads=False, or no communicator: the gradients stay where nnabla put them
-    for kw in (dict(comm=solo, shared_grads=False), dict(shared_grads=True)):
+    for kw in (dict(comm=solo, reduction=GradientReduction(shared_grads=False)),
+               dict(reduction=GradientReduction(shared_grads=True))):
         solver, loss, feed = _small_training()
         before = [v.grad for v in solver.get_parameters().values()]
         if "comm" not in kw:
@@ -392,7 +399,7 @@ def _beyond_shm(extra=2 ** 20):
 
 def test_gradients_beyond_free_shared_memory_are_refused_before_allocating(solo):
     import nnabla.solvers as S
-    from nnabla_mpt import DynamicLossScalingUpdater
+    from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction
 
     huge = _beyond_shm()
     with pytest.raises(ValueError, match=r"share_grads: the gradients need [\d,.]+ MiB of "
@@ -410,4 +417,5 @@ def test_gradients_beyond_free_shared_memory_are_refused_before_allocating(solo)
     big_solver.set_parameters(params)
     with pytest.raises(ValueError, match=r"shared_grads=True cannot be honoured: the "
                                          r"gradients need .* /dev/shm has"):
-        DynamicLossScalingUpdater(big_solver, loss, feed, comm=solo, shared_grads=True)
+        DynamicLossScalingUpdater(big_solver, loss, feed, comm=solo,
+                                  reduction=GradientReduction(shared_grads=True))

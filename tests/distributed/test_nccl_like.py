@@ -10,7 +10,7 @@ import pytest
 
 from mpi_helpers import run_ranks
 from mpi_workers.standins import NcclCallbackLikeCommunicator, NcclLikeCommunicator
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, GradientReduction
 from support import Net, make_updater
 
 
@@ -88,7 +88,7 @@ def test_the_collectives_of_a_step_with_nnabla_s_callback():
     with MPI and runs an NCCL call per pack (29 values in packs of 8: 4), then the flags
     take one call; a skipped step one more (the votes)."""
     counts = _counted(NcclCallbackLikeCommunicator("float32"), 3, skip_at={1},
-                      all_reduce_callback=8)
+                      reduction=GradientReduction(all_reduce_callback=8))
     assert counts == [(False, 1, 5, 5), (True, 2, 6, 6), (False, 1, 5, 5)]
 
 
@@ -98,7 +98,8 @@ def test_shared_grads_true_is_refused_where_the_step_is_packed():
                                          r"communicator \(NcclLikeCommunicator\) has no "
                                          r"share_grads"):
         DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
-                                  comm=NcclLikeCommunicator("float32"), shared_grads=True)
+                                  comm=NcclLikeCommunicator("float32"),
+                                  reduction=GradientReduction(shared_grads=True))
 
 
 def test_a_float32_sum_over_ranks_is_not_bounded_as_float16(tmp_path):

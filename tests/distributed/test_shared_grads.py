@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mpi_helpers import bits, ranks_fixture, run_ranks
-from nnabla_mpt.distributed._fused import shm_area_bytes
+from nnabla_mpt.distributed.shared_memory_reduction import shm_area_bytes
 
 SHAPES = [(600, 1000), (7,), (3, 5, 2), (1,), (1000, 100)]
 

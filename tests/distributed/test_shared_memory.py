@@ -6,7 +6,7 @@ an array needs it): the tests compute that exact sum with NumPy and compare bit 
 import numpy as np
 
 from mpi_helpers import bits, ranks_fixture
-from nnabla_mpt.distributed._fused import shm_area_bytes
+from nnabla_mpt.distributed.shared_memory_reduction import shm_area_bytes
 
 shm = ranks_fixture("shared_memory.py")
 

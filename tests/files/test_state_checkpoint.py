@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from doc_pages import ROOT
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        OverflowHandling, PrecisionSchedule)
 from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, resume_setup,
                      run_steps, solver_states)
 
@@ -29,8 +30,10 @@ def _busy_dynamic(scope="net"):
     net = Net(scope=scope)
     net.huge = {2, 3, 4, 5, 7}
     updater = DynamicLossScalingUpdater(net.solver("Adam", alpha=1e-2), net.loss, net.feeder,
-                                        scale=64.0, N=3, hysteresis=2,
-                                        overflow_mode="saturation", floor_policy="ignore")
+                                        policy=DynamicLossScale(
+                                            init_scale=64.0, growth_interval=3, hysteresis=2),
+                                        overflow=OverflowHandling(
+                                            mode="saturation", floor_policy="ignore"))
     for _ in range(8):
         updater.update()
     return net, updater
@@ -61,7 +64,8 @@ def test_state_dict_round_trip_restores_state_and_behaviour():
     other_net = Net(scope="other")
     other = DynamicLossScalingUpdater(other_net.solver("Adam", alpha=1e-2), other_net.loss,
                                       other_net.feeder, scale=8.0, N=2000,
-                                      overflow_mode="saturation", floor_policy="ignore")
+                                      overflow=OverflowHandling(
+                                          mode="saturation", floor_policy="ignore"))
     other.load_state_dict(json.loads(json.dumps(updater.state_dict())))
     assert other.state_dict() == updater.state_dict()
     assert (other.scale, other.N, other.scaling_factor) == (4.0, 3, 2.0)
@@ -174,7 +178,8 @@ def test_load_state_dict_errors_change_nothing(mutate, exc, message):
 def test_load_state_dict_refuses_inconsistent_counters(counters, message):
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale=16.0, N=3, hysteresis=2)
+                                        policy=DynamicLossScale(
+                                            init_scale=16.0, growth_interval=3, hysteresis=2))
     updater.update()
     before = updater.state_dict()
     with pytest.raises(ValueError, match=r"state's counters are inconsistent: " + message):
@@ -190,13 +195,17 @@ def _nnabla_warnings(caplog):
 def test_load_state_dict_warns_once_about_the_settings_it_replaces(caplog):
     caplog.set_level(logging.INFO, logger="nnabla")
     net = Net()
-    same = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, scale=8.0, N=3,
-                                     hysteresis=2)
+    same = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss,
+                                     policy=DynamicLossScale(
+                                         init_scale=8.0, growth_interval=3, hysteresis=2))
     same.load_state_dict(EXPECTED_STATE)
     assert _nnabla_warnings(caplog) == []
 
-    other = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, N=2000,
-                                      scaling_factor=4.0, min_scale=2.0)
+    other = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss,
+                                      policy=DynamicLossScale(
+                                          init_scale=8.0, growth_factor=4.0,
+                                          backoff_factor=1 / 4.0, growth_interval=2000,
+                                          min_scale=2.0))
     other.load_state_dict(EXPECTED_STATE)
     assert _nnabla_warnings(caplog) == [
         "nnabla_mpt: the loaded state replaces the constructor's scaling_factor=4 with 2, "
@@ -208,9 +217,10 @@ def test_load_state_dict_warns_once_about_the_settings_it_replaces(caplog):
 def test_load_checkpoint_warns_about_the_settings_it_replaces(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="nnabla")
     first = Net("half", scope="first")
-    saved = DynamicLossScalingUpdater(first.solver("Sgd", lr=0.1), first.loss, scale=1024.0,
-                                      max_scale=16384.0, backoff_factor=0.25,
-                                      growth_mode="measured")
+    saved = DynamicLossScalingUpdater(first.solver("Sgd", lr=0.1), first.loss,
+                                      policy=DynamicLossScale(
+                                          init_scale=1024.0, backoff_factor=0.25,
+                                          max_scale=16384.0, growth_mode="measured"))
     path = tmp_path / "ckpt.npz"
     saved.save_checkpoint(path)
     second = Net("half", scope="first")
@@ -225,7 +235,8 @@ def test_load_checkpoint_warns_about_the_settings_it_replaces(tmp_path, caplog):
 def _float32_state(scale=2.0 ** 20, **policy):
     net = Net(scope="first")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale=scale, max_scale=max(scale, 2.0 ** 24))
+                                        policy=DynamicLossScale(
+                                            init_scale=scale, max_scale=max(scale, 2.0 ** 24)))
     updater.update()
     state = updater.state_dict()
     state["policy"].update(policy)
@@ -314,8 +325,9 @@ def test_a_version_1_state_loads_with_no_bad_batches():
     del old["bad_batches"], old["calibration_pending"], old["scale_history"]
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver("Adam", alpha=1e-2), net.loss, net.feeder,
-                                        scale=8.0, N=2000, overflow_mode="saturation",
-                                        floor_policy="ignore")
+                                        scale=8.0, N=2000,
+                                        overflow=OverflowHandling(
+                                            mode="saturation", floor_policy="ignore"))
     net.bad = {0}
     updater.update()
     assert updater.bad_batches == 1
@@ -391,8 +403,9 @@ def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
         solver = S.Adam(0.01)
     solver.set_parameters(nn.get_parameters())
     updater = DynamicLossScalingUpdater(solver, losses["half"], scale=64.0, N=3,
-                                        accelerate_train_mode="fast|step|0.5", total_steps=10,
-                                        high_precision_loss=losses["float"])
+                                        schedule=PrecisionSchedule(
+                                            "fast|step|0.5", total_steps=10,
+                                            high_precision_loss=losses["float"]))
     before = updater.state_dict()
     state = json.loads(json.dumps(before))
     state["policy"]["scale"] = 8.0

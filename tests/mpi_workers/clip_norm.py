@@ -6,7 +6,8 @@ The network is ``loss = sum(x * w)``, so the gradient of ``w`` is the loss scale
 ``x``. At step 2 the last rank's batch holds two values of 2e37: the reduced gradients
 stay finite in float32 (at scale 4), the unscaled ones too, but their norm does not. MODE
 "clip" trains with ``clip_grad_norm=1``: every rank must skip step 2 as an overflow.
-MODE "saturation" adds ``overflow_mode="saturation"`` (each rank's own gradients are
+MODE "saturation" adds ``overflow=OverflowHandling(
+    mode="saturation")`` (each rank's own gradients are
 checked before the reduce too): the last rank's values saturate, so every rank skips.
 Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
 """
@@ -19,7 +20,7 @@ import nnabla as nn
 import nnabla.functions as F
 import nnabla.solvers as S
 
-from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator, OverflowHandling
 from worker_common import save
 
 outdir, mode = Path(sys.argv[1]), sys.argv[2]
@@ -42,7 +43,7 @@ def feed():
     x.d = data
 
 
-extra = {"overflow_mode": "saturation"} if mode == "saturation" else {}
+extra = {"overflow": OverflowHandling(mode="saturation")} if mode == "saturation" else {}
 updater = DynamicLossScalingUpdater(solver, loss, feed, scale=4.0, clip_grad_norm=1.0,
                                     comm=comm, **extra)
 results, before_skip = [], None

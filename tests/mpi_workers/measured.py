@@ -27,7 +27,7 @@ import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
-from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator
 from worker_common import save
 
 STEPS, SPIKE = 14, {6, 7}
@@ -78,7 +78,7 @@ def huge_feed():
 
 
 huge = DynamicLossScalingUpdater(hsolver, hloss, huge_feed, scale="auto", N=1000,
-                                 comm=comm, average_ranks=True)
+                                 comm=comm, reduction=GradientReduction(average_ranks=True))
 huge_steps = [huge.update() for _ in range(2)]
 huge_meta = [(bool(r.skipped), r.scale, r.next_scale) for r in huge_steps]
 huge_pending = huge.state_dict()["calibration_pending"]
@@ -103,7 +103,7 @@ def feed():
 
 updater = DynamicLossScalingUpdater(solver, loss, feed, scale="auto", N=3,
                                     growth_mode="measured", gradient_stats_every=4,
-                                    comm=comm, average_ranks=True)
+                                    comm=comm, reduction=GradientReduction(average_ranks=True))
 meta = {"rank": rank, "size": size, "local_start": local_start, "skipped": [], "scale": [],
         "next_scale": [], "stats_steps": [], "stats_max_abs": [], "loss": [],
         "local_loss": [], "huge": huge_meta, "huge_pending": huge_pending,

@@ -29,7 +29,7 @@ import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
-from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator
 from standins import NcclLikeCommunicator
 from worker_common import save
 
@@ -116,7 +116,7 @@ def average_case():
         x, t, loss, params, solver = build(name, "half")
         updater = DynamicLossScalingUpdater(solver, loss, feeder(x, t, 7, 30.0),
                                             scale=2.0 ** 8, N=2, comm=comm,
-                                            average_ranks=True)
+                                            reduction=GradientReduction(average_ranks=True))
         meta[name], _ = run(updater, 16)
         arrays.update(snapshot(params, name))
     return arrays, meta
@@ -134,6 +134,7 @@ def bounds_case():
     return {}, meta
 
 
-arrays, meta = {"bounds": bounds_case, "loss": loss_case, "model": model_case, "packed": packed_case,
+arrays, meta = {"bounds": bounds_case, "loss": loss_case, "model": model_case,
+"packed": packed_case,
                 "average": average_case}[case]()
 save(outdir, rank, arrays, meta)

@@ -13,7 +13,7 @@ Loops (5 steps each; weight decay, clipping and update after every backward pass
   inline_scaled   all_reduce_callback(grads, ..., division=True, scale_grad=0.5)
   explicit_half / inline_half: a float16 graph, backward(1024), scale_grad(1 / 1024)
   updater / updater_callback: DynamicLossScalingUpdater, without and with
-                  all_reduce_callback=2 << 20
+                  reduction=GradientReduction(all_reduce_callback=2 << 20)
 The meta records the reductions each loop made and what the updater said when an
 all-reduce was armed.
 """
@@ -29,7 +29,7 @@ import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
-from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator
 from worker_common import save
 
 STEPS = 5
@@ -138,7 +138,8 @@ LOOPS = {
     "explicit_half": lambda m: explicit(m, scale=1024.0),
     "inline_half": lambda m: inline(m, scale=1024.0),
     "updater": with_updater,
-    "updater_callback": lambda m: with_updater(m, all_reduce_callback=PACK),
+    "updater_callback": lambda m: with_updater(
+        m, reduction=GradientReduction(all_reduce_callback=PACK)),
 }
 
 

@@ -17,7 +17,7 @@ import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 
-from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator
 from worker_common import save
 
 outdir = sys.argv[1]
@@ -43,7 +43,7 @@ for shared in (False, True):
             x.d, t.d = data.randn(4, 3), data.randn(4, 2)
 
         updater = DynamicLossScalingUpdater(solver, loss, feed, scale=8.0, comm=comm,
-                                            shared_grads=shared)
+                                            reduction=GradientReduction(shared_grads=shared))
         for step in range(4):
             updater.update()
             if meddle == "zero_grad":

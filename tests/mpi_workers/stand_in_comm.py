@@ -22,7 +22,7 @@ import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 
-from nnabla_mpt import DynamicLossScalingUpdater
+from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction
 from standins import NcclLikeCommunicator
 
 
@@ -54,8 +54,9 @@ if mode == "raise":
 elif mode == "hook":
     before = sys.excepthook
     updater = DynamicLossScalingUpdater(solver, loss, feed, comm=comm,
-                                        abort_on_exception={"True": True,
-                                                            "False": False}[args[0]])
+                                        reduction=GradientReduction(
+                                            abort_on_exception={"True": True,
+                                                            "False": False}[args[0]]))
     for _ in range(2):
         updater.update()
     (outdir / f"rank{rank}.json").write_text(json.dumps({

@@ -5,7 +5,7 @@ Usage: mpiexec -n N python train.py OUTDIR MODE [ARGS]
 MODE "overflow" BAD_RANK FACTOR STEPS...: float16 network; at the listed steps the batch
     of rank BAD_RANK only is multiplied by FACTOR: 50 makes its float16 gradients overflow
     in backward (the loss stays finite), 1e4 makes its loss itself non-finite.
-MODE "streak" BAD_RANK FACTOR STEPS...: like "overflow" with diagnose_after=3; the listed
+MODE "streak" BAD_RANK FACTOR STEPS...: like "overflow" with diagnose_after 3; the listed
     steps form a streak of overflows that only BAD_RANK's batch causes (each rank
     diagnoses its own batch; the ranks must still act alike).
 MODE "badbatch" BAD_RANK ACCUM_GRAD STEPS...: like "overflow" with ACCUM_GRAD
@@ -14,9 +14,10 @@ MODE "badbatch" BAD_RANK ACCUM_GRAD STEPS...: like "overflow" with ACCUM_GRAD
 MODE "overflow32" BAD_RANK FACTOR STEPS...: like "overflow" with a float32 network and a
     loss scale of 2**60: a FACTOR of 1e12 makes rank BAD_RANK's scaled float32 gradients
     overflow while its loss stays finite (the gradients live in shared memory).
-MODE "parity" ACCUM_GRAD [SHARED]: float network trained with average_ranks=True; rank 0
+MODE "parity" ACCUM_GRAD [SHARED]: float network trained averaging over the ranks; rank 0
     also trains a single-process copy on the concatenated batches for comparison. SHARED
-    "off" passes shared_grads=False (default: the updater's automatic choice).
+    "off" keeps the gradients out of shared memory (default: the updater's automatic
+    choice).
 MODE "raise" STEP: float network; the data feeder of the last rank raises at STEP.
 Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
 """
@@ -31,7 +32,8 @@ import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
-from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, GradientReduction,
+                        MPICommunicator, OverflowHandling)
 from worker_common import save
 
 outdir, mode, args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
@@ -82,11 +84,13 @@ if mode in ("overflow", "streak", "overflow32", "badbatch"):
         x.d = data.randn(4, 6) * (factor if (rank == bad_rank and step in bad_steps) else 1.0)
         t.d = data.randn(4, 3)
 
-    extra = {"diagnose_after": 3} if mode == "streak" else {"accum_grad": accum}
+    extra = ({"overflow": OverflowHandling(diagnose_after=3)} if mode == "streak"
+             else {"accum_grad": accum})
     scale, max_scale = (2.0 ** 60, 2.0 ** 62) if precision == "float" else (1024.0, 4096.0)
-    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=scale, N=3,
-                                        max_scale=max_scale, comm=comm, average_ranks=True,
-                                        **extra)
+    updater = DynamicLossScalingUpdater(
+        solver, loss, feed, comm=comm,
+        policy=DynamicLossScale(init_scale=scale, growth_interval=3, max_scale=max_scale),
+        reduction=GradientReduction(average_ranks=True), **extra)
     meta["shared_grads"] = updater.shared_grads is not None
     calls0, in_place0 = comm.n_all_reduce_calls, comm._shm.in_place_calls
     meta.update(skipped=[], bad_batch=[], scale=[], next_scale=[], params_unchanged=[],
@@ -140,8 +144,9 @@ elif mode == "parity":
         t.d = ts[rank * local:(rank + 1) * local]
 
     updater = DynamicLossScalingUpdater(solver, loss, feed, 8.0, 2.0, 1000, True, accum,
-                                        comm=comm, average_ranks=True, average_accum=True,
-                                        shared_grads=shared_grads)
+                                        comm=comm, reduction=GradientReduction(
+                                            average_ranks=True, average_accum=True,
+                                            shared_grads=shared_grads))
     meta["shared_grads"] = updater.shared_grads is not None
     meta["grads_are_shared"] = (updater.shared_grads is not None and all(
         v.grad == a for v, a in zip(solver.get_parameters().values(), updater.shared_grads.arrays)))
@@ -170,7 +175,7 @@ elif mode == "parity":
             ref_micro[0] += 1
 
         ref = DynamicLossScalingUpdater(ref_solver, ref_loss, ref_feed, 8.0, 2.0, 1000, True,
-                                        accum, average_accum=True)
+                                        accum, reduction=GradientReduction(average_accum=True))
         for i in range(steps):
             ref.update()
         out.update({f"ref/{k}": v for k, v in snapshot(ref_params).items()})

@@ -5,7 +5,7 @@ import pytest
 
 import nnabla.functions as F
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater
 from nnabla_mpt.scale.seed import BackwardSeed, held_scale
 from support import Net, assert_bitwise_equal
 
@@ -123,8 +123,9 @@ def test_a_scale_reached_by_backoff_and_growth_is_divided_out_as_held():
     for n in (net, twin):
         n.large = {2, 7}                # overflows at 1024, not at 307.2
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.05), net.loss, net.feeder,
-                                        scale=1024.0, N=2, backoff_factor=0.3,
-                                        scaling_factor=1.5)
+                                        policy=DynamicLossScale(
+                                            init_scale=1024.0, growth_factor=1.5,
+                                            backoff_factor=0.3, growth_interval=2))
     solver = twin.solver("Sgd", lr=0.05)
     scales = []
     for step in range(10):

@@ -12,8 +12,8 @@ import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 
-from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
-                        LossScaleCollapseError)
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        LossScaleCollapseError, OverflowHandling, PrecisionSchedule)
 from nnabla_mpt.core.dtypes import FLOATS
 from nnabla_mpt.scale.measured import MARGIN
 from nnabla_mpt.diagnosis.watch import NON_EXPANDING
@@ -157,7 +157,8 @@ def test_auto_with_a_parameter_non_finite_at_any_scale_waits_and_then_collapses(
     bias = net.params["out/affine/b"]
     bias.d = np.array([np.inf, 0.0])
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale="auto", min_scale=2.0, diagnose_after=3)
+                                        scale="auto", policy=DynamicLossScale(min_scale=2.0),
+                                        overflow=OverflowHandling(diagnose_after=3))
     updater.update(), updater.update()
     with pytest.raises(LossScaleCollapseError) as info:
         updater.update()
@@ -205,7 +206,8 @@ def test_auto_measures_again_after_a_first_loss_not_finite(floor_policy, info_lo
 
     net = with_a_huge_input(Net("half", scope="huge"))
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale="auto", N=1000, floor_policy=floor_policy)
+                                        scale="auto", N=1000,
+                                        overflow=OverflowHandling(floor_policy=floor_policy))
     first = updater.update()
     assert (first.skipped, first.bad_batch, first.scale, first.next_scale) == (
         True, False, 2.0 ** 15, 2.0 ** 15)
@@ -232,7 +234,9 @@ def test_auto_measures_again_after_a_nan_through_a_relu(info_log):
     net = Net("half", hidden=8, activation="relu")
     net.nan = {0}
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale="auto", min_scale=2.0, N=1000)
+                                        scale="auto",
+                                        policy=DynamicLossScale(
+                                            growth_interval=1000, min_scale=2.0))
     first, second = updater.update(), updater.update()
     assert math.isfinite(first.loss)
     assert (first.skipped, first.bad_batch, first.scale) == (True, True, 2.0 ** 15)
@@ -251,7 +255,9 @@ def test_auto_measures_again_after_a_bad_first_batch(info_log):
     net = Net("half", hidden=8)
     net.bad = {0}
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale="auto", min_scale=2.0, N=1000)
+                                        scale="auto",
+                                        policy=DynamicLossScale(
+                                            growth_interval=1000, min_scale=2.0))
     first, second = updater.update(), updater.update()
     assert (first.skipped, first.bad_batch, second.updated) == (True, True, True)
     ref = Net("half", hidden=8, scope="ref")
@@ -293,8 +299,9 @@ def test_a_calibration_still_due_at_the_precision_switch_is_dropped(info_log):
     solver = S.Sgd(0.1)
     solver.set_parameters(params)
     updater = DynamicLossScalingUpdater(solver, losses["half"], feed, scale="auto", N=1000,
-                                        accelerate_train_mode="fast|step|0.2", total_steps=5,
-                                        high_precision_loss=losses["float"])
+                                        schedule=PrecisionSchedule(
+                                            "fast|step|0.2", total_steps=5,
+                                            high_precision_loss=losses["float"]))
     first, second = updater.update(), updater.update()
     assert (first.skipped, first.bad_batch, first.precision) == (True, True, "half")
     assert (second.updated, second.precision, second.scale) == (True, "float", 1.0)
@@ -433,8 +440,9 @@ def _spike_run(mode):
         net.calls += 1
 
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, feeder,
-                                        scale=2048.0, N=5, max_scale=2048.0,
-                                        growth_mode=mode)
+                                        policy=DynamicLossScale(
+                                            init_scale=2048.0, growth_interval=5,
+                                            max_scale=2048.0, growth_mode=mode))
     return [updater.update() for _ in range(20)]
 
 
@@ -480,7 +488,9 @@ def test_gradient_stats_every_k_steps_are_those_of_the_backward_pass():
     # the parameters, so a twin net reproduces each step's gradients with NumPy.
     net, twin = Net("half", hidden=8, scope="net"), Net("half", hidden=8, scope="twin")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
-                                        scale=2.0 ** -19, min_scale=2.0 ** -20, N=1000,
+                                        policy=DynamicLossScale(
+                                            init_scale=2.0 ** -19, growth_interval=1000,
+                                            min_scale=2.0 ** -20),
                                         gradient_stats_every=3)
     seen = 0
     for i in range(7):
@@ -557,8 +567,10 @@ def test_loss_scale_monitor_writes_the_gradient_series(tmp_path):
     seen = []
     monitor = LossScaleMonitor(Monitor(str(tmp_path)), interval=4)
     updater = DynamicLossScalingUpdater(
-        net.solver("Sgd", lr=0.01), net.loss, net.feeder, scale=2.0 ** -8,
-        min_scale=2.0 ** -10, N=1000, gradient_stats_every=2,
+        net.solver("Sgd", lr=0.01), net.loss, net.feeder,
+        policy=DynamicLossScale(
+            init_scale=2.0 ** -8, growth_interval=1000, min_scale=2.0 ** -10),
+            gradient_stats_every=2,
         monitor=lambda r: (seen.append(r), monitor(r)))
     for _ in range(8):
         updater.update()

@@ -47,7 +47,7 @@ def test_growth_uses_growth_factor():
     scales = []
     for _ in range(6):
         p.update(False)
-        scales.append(p.get_loss_scale())
+        scales.append(p.loss_scale)
     assert scales == [10.0, 30.0, 30.0, 90.0, 90.0, 270.0]
 
 
@@ -320,7 +320,7 @@ def test_fixed_policy_never_changes_and_round_trips():
     f = FixedLossScale(256.0)
     for flag in (True, True, False, True):
         assert f.update(flag) is flag
-        assert f.loss_scale == f.get_loss_scale() == 256.0
+        assert f.loss_scale == 256.0
     assert not f.at_min_scale
     state = f.state_dict()
     assert state == {"version": 1, "kind": "fixed", "scale": 256.0}

@@ -37,8 +37,8 @@ def test_parse_valid_and_defaults(text, trigger, value):
     ("fast|loss|2", r"VALUE for the 'loss' trigger must lie in \[1.01, 1.5\], got 2"),
     ("fast|loss|1.0", r"must lie in \[1.01, 1.5\], got 1.0"),
     ("fast|epoch|0.5", r"TRIGGER must be 'step' or 'loss', got 'epoch'"),
-    ("", r"accelerate_train_mode='' is malformed: expected 'TYPE\|TRIGGER\|VALUE'"),
-    ("fast", r"accelerate_train_mode='fast' is malformed"),
+    ("", r"mode='' is malformed: expected 'TYPE\|TRIGGER\|VALUE'"),
+    ("fast", r"mode='fast' is malformed"),
     ("fast|step|0.5|x", r"is malformed"),
     ("fast|step|", r"VALUE is empty.*default 0.9"),
 ])
@@ -60,13 +60,13 @@ def test_one_value_written_differently_is_the_same_schedule(text):
     ("fast|loss|\u0661.\u0660\u0665", "'\u0661.\u0660\u0665'"),   # Arabic-Indic digits
 ])
 def test_parse_rejects_non_ascii_digits(text, value):
-    with pytest.raises(ValueError, match=rf"^accelerate_train_mode={text!r}: VALUE must be "
+    with pytest.raises(ValueError, match=rf"^mode={text!r}: VALUE must be "
                                          rf"written with the ASCII digits 0-9, got {value}"):
         AccelerateTrainMode.parse(text)
 
 
 def test_parse_rejects_non_string():
-    with pytest.raises(TypeError, match=r"accelerate_train_mode must be a string.*got 0.9"):
+    with pytest.raises(TypeError, match=r"^mode must be a string.*got 0.9"):
         AccelerateTrainMode.parse(0.9)
 
 
@@ -275,29 +275,31 @@ def test_fast1_needs_bfloat16_backend():
     x, t, loss_half, loss_float, solver = build()
     with pytest.raises(ValueError, match=r"'fast1\|step\|0.9' asks for bfloat16.*'cpu'.*no "
                                          r"bfloat16.*use 'fast'"):
-        DynamicLossScalingUpdater(solver, loss_half, accelerate_train_mode="fast1|step|0.9",
-                                  total_steps=10, high_precision_loss=loss_float)
+        DynamicLossScalingUpdater(solver, loss_half, schedule=PrecisionSchedule(
+            "fast1|step|0.9", total_steps=10, high_precision_loss=loss_float))
 
 
 def test_schedule_arguments_validated_by_updater():
     x, t, loss_half, loss_float, solver = build()
-    with pytest.raises(ValueError, match="needs high_precision_loss"):
-        DynamicLossScalingUpdater(solver, loss_half, accelerate_train_mode="fast|step",
-                                  total_steps=10)
-    with pytest.raises(ValueError, match=r"total_steps=10 needs accelerate_train_mode"):
-        DynamicLossScalingUpdater(solver, loss_half, total_steps=10)
+    with pytest.raises(ValueError, match=r"^the precision schedule 'fast\|step\|0\.9' needs "
+                                         r"high_precision_loss"):
+        DynamicLossScalingUpdater(solver, loss_half,
+                                  schedule=PrecisionSchedule("fast|step", total_steps=10))
+    with pytest.raises(TypeError, match=r"^schedule must be None or a "
+                                        r"nnabla_mpt.PrecisionSchedule, got 'fast\|step'"):
+        DynamicLossScalingUpdater(solver, loss_half, schedule="fast|step")
     with pytest.raises(ValueError, match="high_precision_loss must be built under a float"):
-        DynamicLossScalingUpdater(solver, loss_half, accelerate_train_mode="fast|step",
-                                  total_steps=10, high_precision_loss=loss_half)
+        DynamicLossScalingUpdater(solver, loss_half, schedule=PrecisionSchedule(
+            "fast|step", total_steps=10, high_precision_loss=loss_half))
     with pytest.raises(ValueError, match="needs loss built under a half context"):
-        DynamicLossScalingUpdater(solver, loss_float, accelerate_train_mode="fast|step",
-                                  total_steps=10, high_precision_loss=loss_float)
+        DynamicLossScalingUpdater(solver, loss_float, schedule=PrecisionSchedule(
+            "fast|step", total_steps=10, high_precision_loss=loss_float))
     with nn.context_scope(FLOAT), nn.parameter_scope("other"):
         xo = nn.Variable((BATCH, 4))
         stranger = F.mean(PF.affine(xo, 1, name="fc") ** 2)
     with pytest.raises(ValueError, match=r"does not use the solver's parameters \['net/fc1"):
-        DynamicLossScalingUpdater(solver, loss_half, accelerate_train_mode="fast|step",
-                                  total_steps=10, high_precision_loss=stranger)
+        DynamicLossScalingUpdater(solver, loss_half, schedule=PrecisionSchedule(
+            "fast|step", total_steps=10, high_precision_loss=stranger))
 
 
 def test_fixed_updater_accepts_schedule():
@@ -309,8 +311,8 @@ def test_fixed_updater_accepts_schedule():
         state["n"] += 1
 
     u = FixedLossScalingUpdater(solver, loss_half, feed, scale=64.0,
-                                accelerate_train_mode="fast|step|0.5", total_steps=4,
-                                high_precision_loss=loss_float)
+                                schedule=PrecisionSchedule("fast|step|0.5", total_steps=4,
+                                                           high_precision_loss=loss_float))
     results = [u.update() for _ in range(4)]
     assert [(r.precision, r.scale) for r in results] == \
         [("half", 64.0), ("half", 64.0), ("float", 1.0), ("float", 1.0)]

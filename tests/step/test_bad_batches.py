@@ -9,7 +9,8 @@ import logging
 import numpy as np
 import pytest
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowHandling,
+                        PrecisionSchedule)
 from support import Net, assert_bitwise_equal
 
 
@@ -42,7 +43,7 @@ def test_a_run_of_bad_batches_is_no_collapse_and_is_not_silent(caplog):
     net = relu_net()
     net.nan = set(range(12))
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale=1024.0, diagnose_after=4)
+                                        scale=1024.0, overflow=OverflowHandling(diagnose_after=4))
     caplog.set_level(logging.DEBUG, logger="nnabla")
     results = [updater.update() for _ in range(12)]      # floor_policy="raise": no error
     assert all(r.skipped and r.bad_batch and r.next_scale == 1024.0 for r in results)
@@ -98,13 +99,14 @@ def test_a_bad_batch_after_the_precision_switch_reads_the_full_precision_graph()
         x.d, t.d = batch, rng.randn(4, 1)
 
     updater = DynamicLossScalingUpdater(solver, losses["half"], feed, scale=64.0, N=1000,
-                                        accelerate_train_mode="fast|step|0.5", total_steps=4,
-                                        high_precision_loss=losses["float"])
+                                        schedule=PrecisionSchedule(
+                                            "fast|step|0.5", total_steps=4,
+                                            high_precision_loss=losses["float"]))
     results = [updater.update() for _ in range(4)]
     assert [(r.precision, r.skipped, r.bad_batch) for r in results] == [
         ("half", False, False), ("half", True, True), ("float", False, False),
         ("float", True, True)]
-    assert updater.bad_batches == 2 and updater.policy.get_loss_scale() == 64.0
+    assert updater.bad_batches == 2 and updater.policy.loss_scale == 64.0
 
 
 @pytest.mark.parametrize("accum", [1, 2])

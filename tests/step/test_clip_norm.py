@@ -13,7 +13,8 @@ import nnabla as nn
 import nnabla.functions as F
 import nnabla.solvers as S
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowDetector
+from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowDetector,
+                        OverflowHandling)
 from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, context,
                      solver_states)
 
@@ -124,7 +125,8 @@ def test_the_saturation_check_decides_at_the_threshold_as_the_numpy_check(precis
         below = 65472.0
     values = [65504.0, -65504.0, below, -below, 1.0, np.nan, 70000.0]
     solver, loss, x, w = product_net(precision, np.ones(4))
-    updater = FixedLossScalingUpdater(solver, loss, scale=1.0, overflow_mode="saturation")
+    updater = FixedLossScalingUpdater(solver, loss, scale=1.0,
+                                      overflow=OverflowHandling(mode="saturation"))
     numpy_check = OverflowDetector("saturation")
     # the check as the updater makes it (the graph, for small arrays), and as it makes it
     # for large ones on the CPU (NumPy)

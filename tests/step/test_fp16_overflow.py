@@ -10,8 +10,8 @@ import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 
-from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater,
-                        OverflowDetector)
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        OverflowDetector, OverflowHandling)
 from nnabla_mpt.core.dtypes import FLOATS
 from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, context,
                      solver_states)
@@ -57,7 +57,7 @@ def test_overflowing_steps_are_skipped_bitwise_and_the_scale_recovers(kind, hp):
     # floor_policy="ignore": no diagnosis replay, which would overwrite the gradients that
     # are inspected below.
     updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=256.0, N=1000,
-                                        floor_policy="ignore")
+                                        overflow=OverflowHandling(floor_policy="ignore"))
     for _ in range(2):                          # non-trivial solver states first
         assert updater.update().updated
     params, states = net.snapshot(), solver_states(solver)
@@ -138,7 +138,8 @@ def test_saturation_mode_counts_large_finite_gradients_as_overflow(mode, skipped
     # float context: gradients of ~1e5 stay finite but are beyond float16's maximum.
     net = Net("float")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale=2.0 ** 20, N=1000, overflow_mode=mode)
+                                        scale=2.0 ** 20, N=1000,
+                                        overflow=OverflowHandling(mode=mode))
     params = net.snapshot()
     r = updater.update()
     grads = np.concatenate([v.g.ravel() for v in net.params.values()])
@@ -231,7 +232,7 @@ def test_retry_returns_the_first_updated_step():
     net.large = {0, 1, 2}
     solver = net.solver("Adam", alpha=1e-2)
     updater = FixedLossScalingUpdater(solver, net.loss, net.feeder, scale=LARGE_OVERFLOWS,
-                                      max_retries=5)
+                                      overflow=OverflowHandling(max_retries=5))
     r = updater.update()
     assert (r.skipped, r.attempts, r.step, r.scale) == (False, 4, 3, LARGE_OVERFLOWS)
     assert net.calls == 4
@@ -246,7 +247,7 @@ def test_retry_counts_attempts_with_accumulation_and_a_dynamic_scale():
     net.large = {1, 2}                          # attempts 1 (batches 0, 1) and 2 (2, 3)
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
                                         scale=2 * LARGE_OVERFLOWS, N=1000, accum_grad=2,
-                                        max_retries=3)
+                                        overflow=OverflowHandling(max_retries=3))
     r = updater.update()
     assert (r.skipped, r.attempts, r.step, r.scale, r.next_scale) == (
         False, 3, 2, LARGE_OVERFLOWS / 2, LARGE_OVERFLOWS / 2)
@@ -263,8 +264,11 @@ def test_retry_gives_up_after_exactly_max_retries_plus_one_attempts(max_retries)
     solver = net.solver("Momentum", lr=0.1, momentum=0.9)
     # From the largest float16 scale, backing off by 3/4 keeps the scale above
     # LARGE_OVERFLOWS for 8 steps: every attempt overflows.
-    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15,
-                                        N=1000, backoff_factor=0.75, max_retries=max_retries)
+    updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder,
+                                        policy=DynamicLossScale(
+                                            init_scale=2.0 ** 15, backoff_factor=0.75,
+                                            growth_interval=1000),
+                                        overflow=OverflowHandling(max_retries=max_retries))
     scales = [2.0 ** 15]
     for _ in range(8):
         scales.append(scales[-1] * 0.75)
@@ -290,7 +294,9 @@ def test_retry_is_iterative_not_recursive():
     net.bad = set(range(5000))
     retries = sys.getrecursionlimit() + 100
     updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                      scale=1.0, max_retries=retries, floor_policy="ignore")
+                                      scale=1.0,
+                                      overflow=OverflowHandling(
+                                          max_retries=retries, floor_policy="ignore"))
     r = updater.update()
     assert (r.skipped, r.attempts) == (True, retries + 1)
     assert net.calls == retries + 1
@@ -339,23 +345,27 @@ def test_a_scale_the_float16_loss_cannot_seed_is_never_used():
         FixedLossScalingUpdater(net.solver(), net.loss, scale=2.0 ** 16)
     assert FixedLossScalingUpdater(net.solver(), net.loss, scale=2.0 ** 15).scale == 2.0 ** 15
     with pytest.raises(ValueError, match=r"^min_scale=65536\.0 is above 32768"):
-        DynamicLossScalingUpdater(net.solver(), net.loss, scale=2.0 ** 17,
-                                  min_scale=2.0 ** 16, max_scale=2.0 ** 18)
+        DynamicLossScalingUpdater(net.solver(), net.loss,
+                                  policy=DynamicLossScale(
+                                      init_scale=2.0 ** 17, min_scale=2.0 ** 16,
+                                      max_scale=2.0 ** 18))
 
 
 def test_the_ceiling_of_a_float32_loss_is_two_to_the_127():
     net = Net("float")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), net.loss, net.feeder,
-                                        scale=2.0 ** 126, N=1, max_scale=1e300)
+                                        policy=DynamicLossScale(
+                                            init_scale=2.0 ** 126, growth_interval=1,
+                                            max_scale=1e300))
     assert updater.policy.max_scale == 2.0 ** 127
     scales = [updater.update().next_scale for _ in range(3)]
     assert scales == [2.0 ** 127] * 3
 
 
 @pytest.mark.parametrize("kwargs, named", [
-    (dict(scale=2.0 ** -30, min_scale=2.0 ** -30), r"scale=9\.313225746154785e-10"),
-    (dict(scale=1.0, min_scale=1e-300), r"min_scale=1e-300"),
-    (dict(scale=1.0, min_scale=2.0 ** -25), r"min_scale=2\.9802322387695312e-08"),
+    (dict(init_scale=2.0 ** -30, min_scale=2.0 ** -30), r"scale=9\.313225746154785e-10"),
+    (dict(init_scale=1.0, min_scale=1e-300), r"min_scale=1e-300"),
+    (dict(init_scale=1.0, min_scale=2.0 ** -25), r"min_scale=2\.9802322387695312e-08"),
 ])
 def test_a_scale_that_is_zero_in_float16_is_refused_naming_it(kwargs, named):
     # backward(scale) seeds the pass in float16, where these scales are 0: every gradient
@@ -363,9 +373,11 @@ def test_a_scale_that_is_zero_in_float16_is_refused_naming_it(kwargs, named):
     net = _half_linear_net()
     with pytest.raises(ValueError, match=r"^" + named + r" is below 5\.96046e-08, the "
                                           r"smallest positive float16 \(the loss's dtype\)"):
-        DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, **kwargs)
+        DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                                  policy=DynamicLossScale(**kwargs))
     smallest = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
-                                         scale=2.0 ** -24, min_scale=2.0 ** -24)
+                                         policy=DynamicLossScale(
+                                             init_scale=2.0 ** -24, min_scale=2.0 ** -24))
     assert smallest.policy.min_scale == 2.0 ** -24
 
 
@@ -373,13 +385,17 @@ def test_a_float32_loss_takes_the_small_scales_float32_holds():
     net = Net("float")
     before = net.snapshot()
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
-                                        scale=2.0 ** -30, min_scale=2.0 ** -30)
+                                        policy=DynamicLossScale(
+                                            init_scale=2.0 ** -30, min_scale=2.0 ** -30))
     assert updater.update().updated
     assert all((net.snapshot()[name] != before[name]).any() for name in before)
-    DynamicLossScalingUpdater(net.solver(), net.loss, scale=2.0 ** -149, min_scale=2.0 ** -149)
+    DynamicLossScalingUpdater(net.solver(), net.loss,
+                              policy=DynamicLossScale(
+                                  init_scale=2.0 ** -149, min_scale=2.0 ** -149))
     with pytest.raises(ValueError, match=r"^min_scale=1e-300 is below 1\.4013e-45, the "
                                          r"smallest positive float32"):
-        DynamicLossScalingUpdater(net.solver(), net.loss, scale=1.0, min_scale=1e-300)
+        DynamicLossScalingUpdater(net.solver(), net.loss,
+                                  policy=DynamicLossScale(init_scale=1.0, min_scale=1e-300))
 
 
 @pytest.mark.parametrize("name", ["float16", "float32", "float64"])

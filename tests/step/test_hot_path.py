@@ -8,7 +8,8 @@ import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
+                        OverflowHandling)
 from nnabla_mpt.step.detector import (SUM_CHECK_MIN_SIZE, OverflowDetector, SummedInfNanCheck,
                                  overflow_check)
 
@@ -140,8 +141,10 @@ def test_float_updater_uses_it_and_skips_the_bad_step():
     def feed():
         x.d = next(fed)
 
-    updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 100, N=100,
-                                        max_scale=2.0 ** 110)
+    updater = DynamicLossScalingUpdater(solver, loss, feed,
+                                        policy=DynamicLossScale(
+                                            init_scale=2.0 ** 100, growth_interval=100,
+                                            max_scale=2.0 ** 110))
     params = solver.get_parameters()
     before = None
     skipped = []
@@ -194,7 +197,8 @@ def test_other_graphs_skip_with_the_detector_check(kind):
         x.d = next(fed)
 
     mode = "saturation" if kind == "saturation" else "inf_nan"
-    updater = FixedLossScalingUpdater(solver, loss, feed, scale=8.0, overflow_mode=mode)
+    updater = FixedLossScalingUpdater(solver, loss, feed, scale=8.0,
+                                      overflow=OverflowHandling(mode=mode))
     params = solver.get_parameters()
     skipped = []
     for step in range(4):
@@ -342,7 +346,7 @@ def _with_an_empty_parameter():
 
 
 @pytest.mark.parametrize("options", [dict(clip_grad_norm=1e-3),
-                                     dict(overflow_mode="saturation")],
+                                     dict(overflow=OverflowHandling(mode="saturation"))],
                          ids=["clip", "saturation"])
 def test_an_empty_parameter_is_no_reduction(options):
     """nnabla's reductions cannot take an empty array (on the CPU the process dies of

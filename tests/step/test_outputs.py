@@ -10,7 +10,7 @@ import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 
-from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
+from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater, PrecisionSchedule
 from support import Net, assert_bitwise_equal, context
 
 
@@ -142,9 +142,11 @@ def test_outputs_with_a_precision_schedule_are_refused():
     with nn.context_scope(half.ctx):
         error = F.mean(F.abs(half.y - half.t))
     with pytest.raises(ValueError, match=r"^outputs \(a list of 1 Variables\) cannot be "
-                                         r"combined with accelerate_train_mode='fast\|step'"):
-        DynamicLossScalingUpdater(half.solver(), half.loss, accelerate_train_mode="fast|step",
-                                  total_steps=10, high_precision_loss=full.loss,
+                                         r"combined with the precision schedule "
+                                         r"'fast\|step\|0\.9'"):
+        DynamicLossScalingUpdater(half.solver(), half.loss,
+                                  schedule=PrecisionSchedule("fast|step", total_steps=10,
+                                                             high_precision_loss=full.loss),
                                   outputs=[error])
 
 
