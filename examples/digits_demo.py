@@ -229,6 +229,7 @@ def record_step(history, result, growth_due, loss):
     history["skipped"].append(bool(result.skipped))
     history["precision"].append(result.precision)
     history["growth_due"].append(bool(growth_due))
+    history["held_by"].append(result.held_by)
     if result.gradient_stats:
         history["gradient_stats"].append({
             "step": result.step, "skipped": bool(result.skipped),
@@ -318,7 +319,7 @@ def train_fp16(graph, solver, stream, steps, scaling, loss_divisor=1, progress="
                                                  monitor_interval)
     updater = DynamicLossScalingUpdater(solver, graph["loss"], feed, **scaling, **options)
     history = {"loss": [], "scale": [], "next_scale": [], "skipped": [], "precision": [],
-               "growth_due": [], "gradient_stats": []}
+               "growth_due": [], "held_by": [], "gradient_stats": []}
     bar, lines = progress_of(progress, "fp16 ", steps, stream)
     with bar_logging(progress):
         for _ in bar:
@@ -414,15 +415,19 @@ def growth_summary(history):
 
     A growth point is a good fp16 step that ended a growth interval (``--interval``
     good steps in a row). In ``measured`` mode the scale holds there when the
-    gradients leave no room for a doubling; in ``probe`` mode it holds only at its
-    upper bound (2**15 in fp16).
+    gradients leave no room for a doubling, or when the largest scale the loss's dtype
+    can seed (2**15 for an fp16 loss) holds it while they leave room
+    (``StepResult.held_by == "ceiling"``: ``held_by_ceiling``); in ``probe`` mode it
+    holds only at its upper bound.
     """
     grew, held = [], []
     for i, due in enumerate(history["growth_due"]):
         if due and not history["skipped"][i] and history["precision"][i] == "half":
             (grew if history["next_scale"][i] > history["scale"][i] else held).append(i)
+    held_by = history.get("held_by") or [None] * len(history["growth_due"])
     return {"points": len(grew) + len(held), "grew": len(grew), "held": len(held),
-            "grew_at": grew, "held_at": held}
+            "grew_at": grew, "held_at": held,
+            "held_by_ceiling": [i for i in held if held_by[i] == "ceiling"]}
 
 
 def json_number(value):
@@ -503,7 +508,10 @@ def plot_scale(ax, steps, fp16, skipped, switch):
     the two ceilings: the largest float16 number and the largest scale a float16 loss can
     seed. After a precision schedule's switch no scale is used: the line ends there."""
     scale = np.asarray(fp16["scale"], dtype=np.float64)
-    held = np.array(growth_summary(fp16)["held_at"], dtype=np.int64)
+    growth = growth_summary(fp16)
+    by_ceiling = np.array(growth["held_by_ceiling"], dtype=np.int64)
+    held = np.array(sorted(set(growth["held_at"]) - set(growth["held_by_ceiling"])),
+                    dtype=np.int64)
     if switch is not None:
         scale = scale.copy()
         scale[switch:] = np.nan            # float32 steps: no loss scale (reported as 1)
@@ -515,7 +523,12 @@ def plot_scale(ax, steps, fp16, skipped, switch):
                label="overflow: step skipped")
     if len(held):
         ax.scatter(held, scale[held], marker="o", facecolors="none", color="tab:gray",
-                   zorder=3, label="growth due, scale held")
+                   zorder=3, label="growth due, held by the gradients"
+                   if len(by_ceiling) else "growth due, scale held")
+    if len(by_ceiling):
+        ax.scatter(by_ceiling, scale[by_ceiling], marker="s", facecolors="none",
+                   color="tab:olive", zorder=3,
+                   label="growth due, held by the fp16 seed's ceiling")
     ax.axhline(FP16_MAX, color="gray", ls="--", lw=0.8, label="largest fp16 number (65504)")
     ax.axhline(FP16_SEED_CEILING, color="tab:olive", ls=":", lw=1.2,
                label="largest scale an fp16 loss can seed (2**15 = 32768)")
@@ -682,12 +695,23 @@ def report_scaling(summary):
         format_changes(sc["changes"]),
         wrap("growth ({}, due after {} good steps in a row): {} growth points, {} grew, "
              "{} held".format(gr["mode"], summary["interval"], gr["points"], gr["grew"],
-                              gr["held"])),
+                              gr["held"]) + held_by_ceiling(gr)),
         wrap("skipped steps: {} of {} ({} in warm-up, before the first update at step {};"
              " {} later)".format(sk["total"], summary["steps"], sk["warmup"],
                                  sk["first_update_step"], sk["after_warmup"])),
         wrap(describe_gradients(summary["gradient_stats"])),
     ]
+
+
+def held_by_ceiling(growth):
+    """What the summary adds where the fp16 seed's ceiling, not the gradients, held the
+    scale at growth points: that it did, and what lifts it."""
+    n = len(growth.get("held_by_ceiling", []))
+    if not n:
+        return ""
+    return ("; {} of them held by the largest scale an fp16 loss can seed (2**15), not by "
+            "the gradients: a loss built in float32 (F.identity(logits), then the loss, "
+            "under a float context) lifts it".format(n))
 
 
 def report(summary):

@@ -52,6 +52,8 @@ class LossScaleStats:
         max_scale: The largest loss scale a step of the window ran with.
         gradient_stats: The last gradient statistics a step of the window carried
             (``StepResult.gradient_stats``, see ``gradient_stats_every``), or None.
+        held_by_ceiling: Growth points of the window where the loss dtype's ceiling, not
+            the gradients, held the scale (``StepResult.held_by == "ceiling"``).
     """
     step: int
     steps: int
@@ -63,6 +65,7 @@ class LossScaleStats:
     min_scale: float
     max_scale: float
     gradient_stats: Optional[Dict[str, "GradientStats"]] = None
+    held_by_ceiling: int = 0
 
     @property
     def overflow_rate(self) -> float:
@@ -100,6 +103,7 @@ class LossScaleCallback:
         self._min = float("inf")
         self._max = float("-inf")
         self._gradient_stats = None
+        self._held_by_ceiling = 0
 
     def __call__(self, result: "StepResult") -> None:
         """Counts one step; at the end of a window, calls the callback."""
@@ -119,6 +123,8 @@ class LossScaleCallback:
             self._max = scale
         if result.gradient_stats is not None:
             self._gradient_stats = result.gradient_stats
+        if result.held_by == "ceiling":
+            self._held_by_ceiling += 1
         if (result.step + 1) % self.interval == 0:
             self._emit()
 
@@ -139,7 +145,8 @@ class LossScaleCallback:
                                total_steps=self.total_steps, total_skipped=self.total_skipped,
                                scale=last.scale, next_scale=last.next_scale,
                                min_scale=self._min, max_scale=self._max,
-                               gradient_stats=self._gradient_stats)
+                               gradient_stats=self._gradient_stats,
+                               held_by_ceiling=self._held_by_ceiling)
         self._reset_window()
         self.callback(stats)
         return stats
@@ -168,6 +175,11 @@ class LossScaleMonitor(LossScaleCallback):
     * ``<prefix>-gradient-subnormal-fraction.series.txt``: fraction that are subnormal;
     * ``<prefix>-gradient-headroom.series.txt``: the smallest headroom of any parameter,
       in powers of two (see :class:`~nnabla_mpt.GradientStats`).
+
+    From the first window where the loss dtype's ceiling, not the gradients, held the
+    scale at a growth point of measured growth (``StepResult.held_by``), one more:
+
+    * ``<prefix>-growth-held-by-ceiling.series.txt``: such growth points in the window.
 
     ``MonitorSeries`` writes values with ``%g``, that is six significant digits.
 
@@ -218,8 +230,10 @@ class LossScaleMonitor(LossScaleCallback):
             values += [("gradient-zero-fraction", together.zero_fraction),
                        ("gradient-subnormal-fraction", together.subnormal_fraction),
                        ("gradient-headroom", together.headroom)]
+        if stats.held_by_ceiling or "growth-held-by-ceiling" in self.series:
+            values.append(("growth-held-by-ceiling", stats.held_by_ceiling))
         for key, value in values:
-            # the gradient series appear with the first statistics
+            # the gradient and ceiling series appear with their first values
             series = self.series.get(key) or self._add_series(key)
             # After a rewind the index may repeat; MonitorSeries would otherwise hold it back.
             series.flush_at = min(series.flush_at, stats.step - 1)

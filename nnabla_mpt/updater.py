@@ -75,6 +75,11 @@ class StepResult:
             all-reduce); None on other steps.
         bad_batch: True when the step was skipped because its batch (on some rank) held
             inf/NaN: no overflow, the scale is kept (see ``updater.bad_batches``).
+        held_by: At a growth point of measured growth where the scale grew less than the
+            gradients' room allows, or not at all: ``"gradients"`` (no room for a
+            growth), ``"ceiling"`` (the largest power of two the loss's dtype holds: a
+            loss built in float32 lifts it, see :doc:`measured`) or ``"max_scale"``; None
+            on every other step.
     """
     step: int
     skipped: bool
@@ -84,16 +89,19 @@ class StepResult:
     precision: str
     gradient_stats: Optional[Dict[str, GradientStats]]
     bad_batch: bool
+    held_by: Optional[str]
     _losses: Optional[StepLosses] = field(repr=False, compare=False)
 
     def __init__(self, step: int, skipped: bool, scale: float, next_scale: float,
                  attempts: int = 1, precision: str = "float",
                  gradient_stats: Optional[Dict[str, GradientStats]] = None,
-                 bad_batch: bool = False, _losses: Optional[StepLosses] = None) -> None:
+                 bad_batch: bool = False, held_by: Optional[str] = None,
+                 _losses: Optional[StepLosses] = None) -> None:
         # frozen: all set here, at once (a generated __init__ costs ~60 bytecodes a step)
         vars(self).update(step=step, skipped=skipped, scale=scale, next_scale=next_scale,
                           attempts=attempts, precision=precision,
-                          gradient_stats=gradient_stats, bad_batch=bad_batch, _losses=_losses)
+                          gradient_stats=gradient_stats, bad_batch=bad_batch,
+                          held_by=held_by, _losses=_losses)
 
     @property
     def updated(self) -> bool:
@@ -134,7 +142,7 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         self._params = solver_parameters(solver)
         self._solver = solver
         self._loss = trained_loss(loss, self._params)
-        self._precision = graph.precision_of(self._loss)
+        self._precision = graph.gradient_precision(self._loss, self._params)
         self._schedule = updater_schedule(opts.schedule, self._loss, self._params,
                                           opts.outputs)
         self._high_precision_loss = getattr(self._schedule, "high_precision_loss", None)
@@ -157,9 +165,10 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         self._collapse = CollapseWatch(opts.overflow.floor_policy, opts.overflow.diagnose_after,
                                        self._params, self._detector, self._policy,
                                        self._decider.agree_on_diagnosis, batch)
+        reduction = self._decider.reduction
         self._meter = ScaleMeter(self._loss, self._params, self._policy, self._decider.gather,
                                  opts.gradient_stats_every, opts.scale == "auto",
-                                 _reduced_dtype(self._decider, self._dtype.name))
+                                 None if reduction is None else reduction.dtype_after)
         self._steps = self._updates = self._skipped_steps = 0
         self.last_result: Optional[StepResult] = None
 
@@ -269,8 +278,8 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         skipped, loss_nonfinite, bad_batch, room = self._decide(loss, losses, index, watch,
                                                                 seed.held)
         at_floor = skipped and meter is not None and self._policy.at_min_scale
-        if meter is not None:
-            meter.after_step(fed, skipped, room, loss_nonfinite, bad_batch)
+        held_by = (None if meter is None else
+                   meter.after_step(fed, skipped, room, loss_nonfinite, bad_batch))
         self._steps += 1
         if skipped:
             self._skipped_steps += 1
@@ -283,7 +292,7 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         if schedule is not None and schedule.needs_loss and math.isfinite(losses.mean()):
             schedule.observe_loss(index, losses.mean())
         result = StepResult(index, skipped, scale, self._next_scale, attempts, precision,
-                            stats, bad_batch, losses)
+                            stats, bad_batch, held_by, losses)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)
@@ -342,14 +351,6 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
                 loss.backward(seed, clear_buffer=clear, communicator_callbacks=callbacks)
             else:
                 watch.run(loss, scale, clear, callbacks)
-
-
-def _reduced_dtype(decider, dtype: str) -> Optional[str]:
-    """The dtype the step's all-reduce leaves gradients of ``dtype`` (the loss's) in; None
-    without one."""
-    if decider.reduction is None:
-        return None
-    return decider.reduction.dtype_after(dtype)
 
 
 def _already_running(name: str, runner: Optional[int]) -> RuntimeError:

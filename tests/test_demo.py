@@ -196,7 +196,8 @@ def test_mean_loss_never_tries_a_scale_fp16_cannot_seed(tmp_path):
     assert summary["skipped_steps"] == {"total": 0, "warmup": 0, "after_warmup": 0,
                                         "first_update_step": 0, "steps": []}
     assert summary["growth"] == {"mode": "probe", "points": 3, "grew": 0, "held": 3,
-                                 "grew_at": [], "held_at": [9, 19, 29]}
+                                 "grew_at": [], "held_at": [9, 19, 29],
+                                 "held_by_ceiling": []}
     assert "initial 32768 (--scale 65536 lowered to 32768: fp16 cannot seed" in stdout
 
 
@@ -253,6 +254,21 @@ def test_summaries_of_a_history():
         "total": 2, "warmup": 1, "after_warmup": 1, "first_update_step": 1, "steps": [0, 4]}
 
 
+def test_the_report_says_when_the_fp16_ceiling_not_the_gradients_holds_the_scale(tmp_path):
+    # A mean loss leaves the gradients room for several powers of two at 2**15, the
+    # largest scale an fp16 loss can seed: measured growth is held by that ceiling.
+    summary, stdout = run_demo(tmp_path, "--steps", 30, "--interval", 10,
+                               "--reduction", "mean", "--growth-mode", "measured")
+    growth = summary["growth"]
+    assert growth["held_by_ceiling"] and set(growth["held_by_ceiling"]) <= set(
+        growth["held_at"])
+    assert ("{} of them held by the largest scale an fp16 loss can seed (2**15), not by the "
+            "gradients: a loss built in float32".format(len(growth["held_by_ceiling"]))
+            in " ".join(stdout.split()))
+    series = (tmp_path / "monitor" / "loss-scale-growth-held-by-ceiling.series.txt")
+    assert series.exists()
+
+
 def test_growth_points_of_a_history():
     demo = load_demo_module()
     # due at steps 1, 2 and 4: 1 grew, 2 held, 4 overflowed (no growth point), and
@@ -263,7 +279,10 @@ def test_growth_points_of_a_history():
                "precision": ["half"] * 5 + ["float"],
                "growth_due": [False, True, True, False, True, True]}
     assert demo.growth_summary(history) == {"points": 2, "grew": 1, "held": 1,
-                                            "grew_at": [1], "held_at": [2]}
+                                            "grew_at": [1], "held_at": [2],
+                                            "held_by_ceiling": []}
+    history["held_by"] = [None, None, "ceiling", None, None, None]
+    assert demo.growth_summary(history)["held_by_ceiling"] == [2]
 
 
 def gradient_record(step, headroom, skipped=False, nonfinite=0.0):

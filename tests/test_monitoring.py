@@ -297,6 +297,21 @@ def test_stats_overflow_rate_and_pure_callback():
     assert hook.flush().overflow_rate == 0.0
 
 
+def test_growth_points_held_by_the_ceiling_are_counted_and_written(tmp_path):
+    from nnabla.monitor import Monitor
+    seen = []
+    hook = LossScaleCallback(seen.append, interval=2)
+    monitor = LossScaleMonitor(Monitor(str(tmp_path)), interval=2)
+    held = [None, "ceiling", "gradients", None, "ceiling", "ceiling"]
+    for i, by in enumerate(held):
+        result = StepResult(step=i, skipped=False, scale=4.0, next_scale=4.0, held_by=by)
+        hook(result)
+        monitor(result)
+    assert [s.held_by_ceiling for s in seen] == [1, 0, 2]
+    lines = (tmp_path / "loss-scale-growth-held-by-ceiling.series.txt").read_text().split()
+    assert lines == ["1", "1", "3", "0", "5", "2"]
+
+
 def test_hook_sees_the_step_that_raises_the_collapse_error():
     from nnabla_mpt import LossScaleCollapseError
 

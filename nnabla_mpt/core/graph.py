@@ -4,6 +4,9 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 from .dtypes import float_type
 
+#: The dtype of each type configuration of nnabla that is not float32.
+_DTYPES = {"half": "float16", "bfloat16": "bfloat16"}
+
 
 def backend_of(loss) -> List[str]:
     """The backends (``"cpu:half"``, ...) of the function producing ``loss``; empty when
@@ -22,9 +25,12 @@ def type_config_of(loss) -> str:
     ...``) runs in float16 and cuda's (``cuda:mixed_half, cuda:float, ...``) in float32.
     """
     parent = loss.parent
-    if parent is None:
-        return "float"
-    ctx = parent.context
+    return "float" if parent is None else context_type_config(parent.context)
+
+
+def context_type_config(ctx) -> str:
+    """The type configuration a function made under the context ``ctx`` runs in: that of
+    its first backend nnabla has functions for (:func:`runnable_backend`)."""
     backend = runnable_backend(tuple(ctx.backend), ctx.array_class, ctx.device_id)
     return backend.rsplit(":", 1)[-1]
 
@@ -56,9 +62,37 @@ def runnable_backend(backends: Tuple[str, ...], array_class: str, device_id: str
 
 
 def precision_of(loss) -> str:
-    """``"half"`` when the graph of ``loss`` runs in float16 (:func:`type_config_of`), else
-    ``"float"``."""
+    """``"half"`` when the function computing ``loss`` runs in float16
+    (:func:`type_config_of`), else ``"float"``: the loss's own precision, which the seed of
+    its backward pass has (for the gradients': :func:`gradient_precision`)."""
     return "half" if type_config_of(loss) == "half" else "float"
+
+
+def gradient_dtypes(loss, params: Mapping) -> Dict[str, str]:
+    """``name -> dtype`` of the gradient of each parameter of ``params`` (name ->
+    Variable) that the graph of ``loss`` reads: the dtype of the backward of the functions
+    reading it, the narrowest where several do. A graph may mix dtypes (a float16 network
+    under a loss built in float32): each gradient is computed in its readers' dtype,
+    whatever the loss's. A parameter the graph does not read has none."""
+    names = {v: name for name, v in params.items()}
+    found: Dict[str, str] = {}
+
+    def visit(f):
+        dtype = _DTYPES.get(context_type_config(f.context), "float32")
+        for v in f.inputs:
+            name = names.get(v)
+            if name is not None and (name not in found or
+                                     float_type(dtype).max < float_type(found[name]).max):
+                found[name] = dtype
+
+    loss.visit(visit)
+    return found
+
+
+def gradient_precision(loss, params: Mapping) -> str:
+    """``"half"`` when the graph of ``loss`` computes some parameter's gradient in float16
+    (:func:`gradient_dtypes`), else ``"float"``."""
+    return "half" if "float16" in gradient_dtypes(loss, params).values() else "float"
 
 
 def extension_of(loss) -> str:
@@ -133,10 +167,10 @@ def _registered() -> Dict[str, Any]:
 
 
 def loss_dtype(loss) -> str:
-    """The dtype the backward pass of ``loss`` is seeded in: ``"float16"`` where the graph
-    runs in half (:func:`type_config_of`), ``"bfloat16"`` in bfloat16, else
+    """The dtype the backward pass of ``loss`` is seeded in: ``"float16"`` where the loss
+    is computed in half (:func:`type_config_of`), ``"bfloat16"`` in bfloat16, else
     ``"float32"``."""
-    return {"half": "float16", "bfloat16": "bfloat16"}.get(type_config_of(loss), "float32")
+    return _DTYPES.get(type_config_of(loss), "float32")
 
 
 def float_context(loss):

@@ -74,6 +74,7 @@ from nnabla.logger import logger
 from ..core import graph
 from ..core.dtypes import float_type
 from ..diagnosis.watch import RangeWatch
+from .ceiling import GrowthLimit
 from .gradient_stats import GradientStats, gradient_stats
 from .scale_history import MARGIN, MIN_SAMPLES, WATCH_EVERY, ScaleHistory
 from .seed import held_scale
@@ -133,23 +134,26 @@ class ScaleMeter:
         stats_every: Steps between gradient statistics (every ``K``-th step), or None.
         calibrate: Whether the first step calibrates the scale (``scale="auto"``); kept
             as ``auto_scale``.
-        reduced_dtype: The dtype the step's all-reduce leaves the gradients in (that of
-            the communicator's reduction for nnabla's, the gradients' own for
-            :class:`~nnabla_mpt.MPICommunicator`), or None where no all-reduce follows
-            the backward pass.
+        reduced_dtype: ``dtype -> dtype``: the dtype the step's all-reduce leaves
+            gradients of a dtype in (that of the communicator's reduction for nnabla's,
+            the gradients' own for :class:`~nnabla_mpt.MPICommunicator`), or None where
+            no all-reduce follows the backward pass.
 
     The parameters' gradients are bounded by the dtype they can overflow in, not by the
     dtype their arrays hold when read (a solver or a float communicator may have cast
-    them to float32 by then): each rank's own by the dtype the backward pass computes in,
-    before the reduce (the smallest room over the ranks wins); the reduced ones by
-    ``reduced_dtype``. So a float32 reduction of float16 gradients does not make room
+    them to float32 by then), nor by the loss's (a float16 network under a loss built in
+    float32 computes float16 gradients: :func:`~nnabla_mpt.core.graph.gradient_dtypes`):
+    each rank's own by the dtype the backward pass computes it in, before the reduce (the
+    smallest room over the ranks wins); the reduced ones by what ``reduced_dtype`` says of
+    that dtype. So a float32 reduction of float16 gradients does not make room
     that the next backward pass does not have, and a float32 sum over the ranks is not
     bounded as if it summed in float16.
     """
 
     def __init__(self, loss: Any, params: Mapping[str, Any], policy: Any,
                  gather: Callable[..., List[List[float]]], stats_every: Optional[int],
-                 calibrate: bool, reduced_dtype: Optional[str] = None) -> None:
+                 calibrate: bool, reduced_dtype: Optional[Callable[[str], str]] = None
+                 ) -> None:
         self._loss = loss
         self._params = params
         self._policy = policy
@@ -157,9 +161,13 @@ class ScaleMeter:
         self.stats_every = stats_every
         self._ctx = graph.float_context(loss)
         self._dtype = graph.loss_dtype(loss)
-        self._own_max = graph.float_type_of(loss).max
         self._tiny = graph.float_type_of(loss).tiny
-        self._reduced_max = None if reduced_dtype is None else float_type(reduced_dtype).max
+        computed = graph.gradient_dtypes(loss, params)
+        own = {name: computed.get(name, self._dtype) for name in params}
+        self._own = _by_bound(params, own)
+        self._reduced = None if reduced_dtype is None else _by_bound(
+            params, {name: reduced_dtype(dtype) for name, dtype in own.items()})
+        self.limit = GrowthLimit(policy, graph.float_type_of(loss))
         self.auto_scale = calibrate
         self.calibration_pending = calibrate
         self.history = ScaleHistory()
@@ -179,15 +187,24 @@ class ScaleMeter:
 
     def after_step(self, fed: bool, skipped: bool,
                    measured: Optional[Tuple[float, float, float]], loss_nonfinite: bool,
-                   bad_batch: bool) -> None:
+                   bad_batch: bool) -> Optional[str]:
         """Once the step is decided: tells the policy whether it overflowed (``skipped``)
         and the room ``measured`` leaves (:meth:`settled`), unless the step was skipped
         for a non-finite loss or a bad batch, which no smaller scale fixes (the scale is
-        kept); a calibration (``fed``) on a bad batch measures again at the next step."""
+        kept); a calibration (``fed``) on a bad batch measures again at the next step.
+        Returns what held the scale at a measured growth point short of the room
+        (:meth:`~nnabla_mpt.scale.ceiling.GrowthLimit.held_by`), else None."""
+        held = None
         if not (loss_nonfinite or bad_batch):
-            self._policy.update(skipped, self.settled(measured, skipped))
+            policy = self._policy
+            due, before = not skipped and policy.growth_due, policy.loss_scale
+            room, free = self.settled(measured, skipped)
+            policy.update(skipped, room)
+            if due and room is not None:
+                held = self.limit.held_by(before, policy.loss_scale, room, free)
         if fed and bad_batch:
             self.calibration_pending = True
+        return held
 
     def growth_watch(self, index: int) -> Optional[RangeWatch]:
         """A watch for the backward passes of step ``index`` in ``"measured"`` mode: where
@@ -202,8 +219,9 @@ class ScaleMeter:
 
     def watch_own(self, watch: RangeWatch) -> None:
         """Adds the parameters' gradients as the backward passes left them (before the
-        reduce) to ``watch``, bounded by the dtype the backward computes in."""
-        watch.add([v.grad for v in self._params.values()], self._own_max)
+        reduce) to ``watch``, each bounded by the dtype the backward computes it in."""
+        for limit, params in self._own:
+            watch.add([v.grad for v in params], limit)
 
     def growth_room(self, watch: RangeWatch, held: float) -> Tuple[float, float, float]:
         """What the step watched with a seed holding ``held`` (its scale as the loss's
@@ -212,26 +230,29 @@ class ScaleMeter:
         (:func:`reaches`) over the watched passes, each rank's own gradients
         (:meth:`watch_own`) and the reduced ones, each the smallest over the ranks.
         :meth:`settled` turns it into the growth's room once the step is decided."""
-        if self._reduced_max is not None:
-            watch.add([v.grad for v in self._params.values()], self._reduced_max)
+        for limit, params in self._reduced or ():
+            watch.add([v.grad for v in params], limit)
         cap, reach, _ = reaches(watch, held)
         every_cap, every_reach = self._gather(cap, reach)
         return min(every_cap), min(every_reach), held
 
     def settled(self, measured: Optional[Tuple[float, float, float]],
-                skipped: bool) -> Optional[float]:
-        """The room ``R`` for the policy (which uses it where growth is due): None where
+                skipped: bool) -> Tuple[Optional[float], Optional[float]]:
+        """``(R, G)``: the room ``R`` for the policy (which uses it where growth is due),
+        and ``G``, the part of it the gradients' reach supports (the history's margin
+        kept, the data-independent bounds of the seed's dtype left out). Both None where
         nothing was measured or the step was skipped (which records nothing); else the
         step's reach joins the history and ``R`` is what the history and the bounded
         gradients support over the step's scale (0, hold, when a gradient was not
         finite)."""
         if measured is None or skipped:
-            return None
+            return None, None
         cap, reach, scale = measured
         if reach == 0.0:
-            return 0.0
+            return 0.0, 0.0
         self.history.record(reach)
-        return min(cap, self.history.supported(reach)) / scale
+        supported = self.history.supported(reach)
+        return min(cap, supported) / scale, supported / scale
 
     def state_dict(self) -> Dict[str, Any]:
         """``calibration_pending`` and ``scale_history`` (the reaches), for the updater's
@@ -328,3 +349,12 @@ class ScaleMeter:
         value = np.asarray(self._loss.d, dtype=np.float64)
         bad = value[~np.isfinite(value)]
         return f"its loss is not finite ({bad[0]:g})" if bad.size else ""
+
+
+def _by_bound(params: Mapping[str, Any], dtypes: Mapping[str, str]) -> List[Tuple[float, list]]:
+    """The parameters of ``params`` grouped by the largest value of their gradient's dtype
+    in ``dtypes`` (name -> dtype): ``[(limit, [parameter, ...]), ...]``."""
+    groups: Dict[float, list] = {}
+    for name, v in params.items():
+        groups.setdefault(float_type(dtypes[name]).max, []).append(v)
+    return sorted(groups.items(), key=lambda group: group[0])

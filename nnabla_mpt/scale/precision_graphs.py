@@ -29,10 +29,10 @@ def updater_schedule(given: Optional[PrecisionSchedule], loss: "nn.Variable",
         raise ValueError(f"the precision schedule {mode!r} asks for bfloat16 ('fast1'), but "
                          f"the backend {graph.extension_of(loss)!r} of this nnabla has no "
                          f"bfloat16 type; use 'fast' (float16) instead")
-    if graph.precision_of(loss) != "half":
+    if graph.gradient_precision(loss, params) != "half":
         raise ValueError(f"the precision schedule {mode!r} needs loss built under a half "
                          f"context (get_extension_context(..., type_config='half')); the "
-                         f"given loss runs in float")
+                         f"given loss computes its gradients in float")
     high = _high_precision_loss(given.high_precision_loss, mode, params)
     return PrecisionSchedule(mode, total_steps=given.total_steps, final_loss=given.final_loss,
                              high_precision_loss=high)

@@ -1,0 +1,68 @@
+"""What held a growth point of measured growth: the gradients, or the seed's ceiling.
+
+``loss.backward(scale)`` seeds the backward pass in the loss's dtype, so no scale grows
+past the largest power of two that dtype holds (``2**15`` in float16), however much room
+the gradients leave. With a mean loss in a float16 graph that ceiling, not the gradients,
+holds the scale for the whole run. A float16 network whose loss alone is built in float32
+(``F.identity(logits)``, then the loss, under a float context) seeds in float32 and lifts
+it, while every gradient stays bounded by float16 (:mod:`nnabla_mpt.scale.measured`).
+"""
+import math
+from typing import Any, Optional
+
+from nnabla.logger import logger
+
+from ..core.dtypes import FloatType
+
+#: Powers of two of room beyond the ceiling from which the ceiling is said to hold the
+#: scale (the margin of measured growth aside).
+ROOM_WORTH_SAYING = 2
+
+
+class GrowthLimit:
+    """Tells, at each measured growth point, what held the scale, and says once when the
+    loss dtype's ceiling holds it while the gradients leave room.
+
+    Args:
+        policy: The dynamic policy (its ``growth_factor`` and ``max_scale``).
+        dtype: The loss's :class:`~nnabla_mpt.core.dtypes.FloatType`, whose largest power
+            of two is the ceiling.
+    """
+
+    def __init__(self, policy: Any, dtype: FloatType) -> None:
+        self._policy = policy
+        self._dtype = dtype
+        self.said = False
+
+    def held_by(self, before: float, after: float, room: float,
+                free: float) -> Optional[str]:
+        """What held the growth point that moved the scale from ``before`` to ``after``,
+        with ``room`` measured (the factor the policy was given) of which the gradients'
+        own reach supports ``free``: ``"ceiling"`` where the scale sits at the loss dtype's
+        largest power of two while the gradients leave room for a growth (said once
+        where they leave :data:`ROOM_WORTH_SAYING` powers of two); ``"gradients"`` where
+        the room allowed no growth; ``"max_scale"`` where the policy's upper bound
+        stopped it short of the room; None where the scale grew as far as the room
+        allows."""
+        factor = self._policy.growth_factor
+        if after >= self._dtype.max_power_of_two and free * before / after >= factor:
+            if free * before / after >= 2.0 ** ROOM_WORTH_SAYING:
+                self._say(after, free * before / after)
+            return "ceiling"
+        allowed = math.floor(math.log(room) / math.log(factor)) if room >= factor else 0
+        if allowed == 0:
+            return "gradients" if after <= before else None
+        return "max_scale" if after < before * factor ** allowed else None
+
+    def _say(self, scale: float, left: float) -> None:
+        if self.said:
+            return
+        self.said = True
+        logger.warning(
+            f"nnabla_mpt: the loss scale is held at {scale:g} by the largest power of two "
+            f"the loss's dtype ({self._dtype.name}) holds, not by the gradients, which leave "
+            f"room for {math.floor(math.log2(left))} more powers of two: backward(scale) "
+            f"seeds the pass in the loss's dtype. A loss built in float32 lifts the "
+            f"ceiling: build the network in half and only the loss under a float context "
+            f"(F.identity(logits), then the loss); the gradients stay float16 and bounded "
+            f"by it (see the measured-scaling page)")

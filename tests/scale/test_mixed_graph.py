@@ -1,0 +1,100 @@
+"""A float16 network under a loss built in float32 (how nnabla lifts the ``2**15`` seed
+ceiling): its gradients are float16 ones, bounded by float16, whatever the loss's dtype."""
+import logging
+
+import numpy as np
+import pytest
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+from nnabla.ext_utils import get_extension_context
+
+from nnabla_mpt import DynamicLossScalingUpdater
+from nnabla_mpt.core import graph
+
+HALF = get_extension_context("cpu", type_config="half")
+FLOAT = get_extension_context("cpu", type_config="float")
+
+
+def teacher_run(loss_in: str, steps: int = 40):
+    """A 32-64-64-64-10 ReLU network in float16 on random inputs labelled by a fixed
+    ReLU teacher, batch 64, mean cross-entropy built under ``loss_in``'s context (in
+    float32 over ``F.identity(logits)``), Momentum 0.1, ``scale="auto"``, measured growth
+    every 10 good steps. Returns the updater and the step results."""
+    rng = np.random.RandomState(0)
+    inputs = rng.randn(1024, 32).astype(np.float32)
+    labels = np.argmax(np.maximum(inputs @ rng.randn(32, 10), 0), 1).reshape(-1, 1)
+    with nn.context_scope(HALF), nn.parameter_scope(f"mixed_{loss_in}"):
+        x, t = nn.Variable((64, 32)), nn.Variable((64, 1))
+        h = x
+        for i in range(3):
+            h = F.relu(PF.affine(h, 64, name=f"fc{i}", rng=np.random.RandomState(i)))
+        logits = PF.affine(h, 10, name="out", rng=np.random.RandomState(9))
+        solver = S.Momentum(0.1, 0.9)
+        solver.set_parameters(nn.get_parameters())
+    with nn.context_scope(FLOAT if loss_in == "float" else HALF):
+        top = F.identity(logits) if loss_in == "float" else logits
+        loss = F.mean(F.softmax_cross_entropy(top, t))
+    order = np.random.RandomState(1)
+
+    def feed():
+        idx = order.randint(0, len(inputs), 64)
+        x.d, t.d = inputs[idx], labels[idx]
+
+    updater = DynamicLossScalingUpdater(solver, loss, feed, scale="auto",
+                                        growth_mode="measured", N=10)
+    return updater, [updater.update() for _ in range(steps)]
+
+
+def test_the_gradients_of_a_float16_network_are_float16_under_a_float32_loss():
+    with nn.context_scope(HALF), nn.parameter_scope("dtypes"):
+        x = nn.Variable((4, 3))
+        y = PF.affine(F.relu(PF.affine(x, 5, name="a")), 2, name="b")
+    with nn.context_scope(FLOAT), nn.parameter_scope("dtypes"):
+        loss = F.mean(F.identity(y) ** 2)
+        extra = nn.parameter.get_parameter_or_create("unused", (1,))
+    params = dict(nn.get_parameters(), unused=extra)
+    params = {name: v for name, v in params.items() if name.startswith("dtypes/")
+              or name == "unused"}
+    assert graph.loss_dtype(loss) == "float32" and graph.precision_of(loss) == "float"
+    assert graph.gradient_dtypes(loss, params) == {
+        "dtypes/a/affine/W": "float16", "dtypes/a/affine/b": "float16",
+        "dtypes/b/affine/W": "float16", "dtypes/b/affine/b": "float16"}
+    assert graph.gradient_precision(loss, params) == "half"
+
+
+@pytest.mark.parametrize("loss_in", ["float", "half"])
+def test_a_float32_loss_lifts_the_ceiling_and_the_gradients_still_hold_the_scale(loss_in):
+    updater, results = teacher_run(loss_in)
+    skipped = [r.step for r in results if r.skipped]
+    assert {r.precision for r in results} == {"half"} and updater.precision == "half"
+    if loss_in == "half":
+        # the float16 seed holds the scale at 2**15 however much room the gradients leave
+        assert skipped == [] and {r.scale for r in results} == {2.0 ** 15}
+    else:
+        # the float32 seed lets the scale pass 2**15; the float16 gradients still bound
+        # it, so measured growth loses at most one step (bounded by float32, ten)
+        assert len(skipped) <= 1, skipped
+        assert results[-1].next_scale > 2.0 ** 15
+        assert max(r.scale for r in results) <= 2.0 ** 18
+
+
+@pytest.mark.parametrize("loss_in", ["half", "float"])
+def test_what_held_the_scale_is_said_once_when_the_ceiling_holds_it(loss_in, caplog):
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    updater, results = teacher_run(loss_in)
+    said = [r.getMessage() for r in caplog.records if "held at" in r.getMessage()]
+    held = {r.step: r.held_by for r in results if r.held_by is not None}
+    if loss_in == "half":
+        # every growth point (steps 9, 19, ...) sits at 2**15 with room to spare
+        assert held == {i: "ceiling" for i in (9, 19, 29, 39)}
+        assert len(said) == 1
+        assert said[0].startswith("nnabla_mpt: the loss scale is held at 32768 by the "
+                                  "largest power of two the loss's dtype (float16) holds, "
+                                  "not by the gradients, which leave room for ")
+        assert "A loss built in float32 lifts the ceiling" in said[0]
+    else:
+        assert said == [] and "ceiling" not in held.values()
+        assert set(held.values()) <= {"gradients"}
