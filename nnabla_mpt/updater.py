@@ -183,25 +183,33 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         self._detector = OverflowDetector(opts.overflow.mode)
         pack = backward_reduction(reduction, self._comm, opts.overflow.mode == "saturation",
                                   graphs, self._params)
-        check_grads = None
-        if opts.enable_overflow_check:
-            float32_cpu = (self._schedule is None and self._dtype.name == "float32"
-                           and graph.extension_of(self._loss) == "cpu")
-            check_grads = overflow_check(self._detector, self._solver, self._params,
-                                         float32_cpu, graph.float_context(self._loss))
+        checks = self._overflow_checks(opts.enable_overflow_check)
         float_only = self._precision == "float" and self._schedule is None
         if self._comm is None:
-            self._decider, self._shared_grads = LocalDecision(check_grads, batch), None
+            self._decider, self._shared_grads = LocalDecision(checks[0], batch), None
         else:
             self._decider, self._shared_grads = agreement.decider(
                 self._comm, self._loss, self._params, self._grads, reduction.shared_grads,
-                float_only, check_grads, self._detector.mode, batch, pack,
-                reduction.average_ranks)
+                float_only, checks, self._detector.mode, batch, pack, reduction.average_ranks)
             agreement.warn_float16_reduction(self._decider.reduction, self._precision,
-                                             self._schedule is not None)
+                                             self._schedule is not None,
+                                             reduction.average_ranks)
+            agreement.warn_device_mismatch(self._comm, self._loss)
         self._in_backward = self._decider.in_backward
         self._zero_grads = (self._solver.zero_grad if self._shared_grads is None
                             else self._shared_grads.zero)
+
+    def _overflow_checks(self, enabled: bool) -> Tuple[Optional[Callable[[], bool]], ...]:
+        """``(check, inf_nan_check)``: the overflow check of the detector's mode and the
+        inf/NaN one (the same in that mode), both None with the check off."""
+        if not enabled:
+            return None, None
+        float32_cpu = (self._schedule is None and self._dtype.name == "float32"
+                       and graph.extension_of(self._loss) == "cpu")
+        made = {mode: overflow_check(OverflowDetector(mode), self._solver, self._params,
+                                     float32_cpu, graph.float_context(self._loss))
+                for mode in dict.fromkeys((self._detector.mode, "inf_nan"))}
+        return made[self._detector.mode], made["inf_nan"]
 
     # -- what the step runs, as it is now ----------------------------------------------
     @property

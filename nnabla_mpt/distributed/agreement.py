@@ -61,6 +61,10 @@ class StepAgreement:
             kept as the attribute ``check``.
         check_before: Check each rank's own gradients before the reduce too (see the
             module's docstring).
+        check_after: The check of the reduced gradients, or None for ``check``: in the
+            saturation mode, where the reduction cannot saturate (it does not sum in
+            float16), the inf/NaN check: finite sums are no saturated values, and sums
+            written back into float16 arrays overflow to inf, which it sees.
         batch: The check of a skipped step's batch (:class:`~nnabla_mpt.step.detector.BatchCheck`).
         division: The step's all-reduce averages over the ranks (``average_ranks``).
         in_backward: ``() -> callback`` for the last backward pass of a step, where the
@@ -71,13 +75,15 @@ class StepAgreement:
     def __init__(self, comm, transport, flags, reduction: exchange.Reduction,
                  check: Optional[Callable[[], bool]], check_before: bool,
                  batch: BatchCheck, division: bool = False,
-                 in_backward: Optional[Callable[[], Any]] = None) -> None:
+                 in_backward: Optional[Callable[[], Any]] = None,
+                 check_after: Optional[Callable[[], bool]] = None) -> None:
         self._comm = comm
         self.transport = transport
         self._flags = flags
         self.reduction = reduction
         self.check = check
         self.check_before = check is not None and check_before
+        self.check_after = check if check_after is None else check_after
         self._batch = batch
         self._division = division
         self.in_backward = in_backward
@@ -97,7 +103,7 @@ class StepAgreement:
         flagged, mean, steps = self._flags.decode(reduced)
         check_in_step(steps)
         losses.set_mean(mean)
-        overflow = self.check is not None and (flagged or self.check())
+        overflow = self.check is not None and (flagged or self.check_after())
         if not overflow:
             return False, False, False
         bad_losses, bad_batches = self._count([not math.isfinite(losses.total()),
@@ -212,17 +218,21 @@ def same_model(comm, params: Mapping[str, "nn.Variable"],
 
 def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
             grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
-            float_only: bool, check: Optional[Callable[[], bool]], mode: str,
+            float_only: bool, checks: Tuple[Optional[Callable[[], bool]], ...], mode: str,
             batch: BatchCheck, pack: Optional[int] = None, division: bool = False):
     """``(decider, shared gradients)`` for an updater with the communicator ``comm``: a
-    :class:`StepAgreement`, checking each rank's own gradients before the reduce too in
-    the saturation ``mode`` (a single process decides alone:
-    :class:`~nnabla_mpt.step.decision.LocalDecision`). The ranks first compare what they
-    exchange and learn what the all-reduce does to dtypes (:func:`same_model`).
+    :class:`StepAgreement`. ``checks``: ``(check, inf_nan_check)``, the overflow check of
+    ``mode`` and the inf/NaN one (None when checking is off). In the saturation ``mode``
+    each rank's own gradients are checked before the reduce too, and the reduced ones are
+    compared with the threshold again only where the reduction sums in float16; a float32
+    reduction cannot saturate, so its sums get the inf/NaN check (a single process decides
+    alone: :class:`~nnabla_mpt.step.decision.LocalDecision`). The ranks first compare what
+    they exchange and learn what the all-reduce does to dtypes (:func:`same_model`).
     With ``pack`` (``options.backward_reduction``) nnabla's callback reduces the gradients
     inside the last backward pass, in packs of that many values, and the step's
     all-reduce carries the flags only; ``division``: the all-reduces average over the
     ranks (``average_ranks``)."""
+    check, inf_nan_check = checks
     reduction = same_model(comm, params, grads)
     transport, shared, flags = _transport(comm, reduction, loss, params, grads,
                                           shared_grads, float_only, pack is None, division)
@@ -231,8 +241,10 @@ def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
         gradients = exchanged_arrays(params, grads)
         in_backward = lambda: comm.all_reduce_callback(gradients, pack,  # noqa: E731
                                                        division=division)
-    agreement = StepAgreement(comm, transport, flags, reduction, check, mode != "inf_nan",
-                              batch, division, in_backward)
+    saturating = mode != "inf_nan"
+    after = inf_nan_check if saturating and not reduction.float16 else None
+    agreement = StepAgreement(comm, transport, flags, reduction, check, saturating, batch,
+                              division, in_backward, after)
     return agreement, shared
 
 
@@ -258,18 +270,53 @@ def _transport(comm, reduction: exchange.Reduction, loss: "nn.Variable",
 
 
 def warn_float16_reduction(reduction: Optional[exchange.Reduction], precision: str,
-                           schedule: bool) -> None:
-    """Warns when a communicator that reduces in float16 is to reduce float32 gradients:
-    those of a graph of ``precision`` ``"float"``, or of the full-precision phase of a
-    precision ``schedule``."""
-    if reduction is None or not reduction.float16 or (precision != "float" and not schedule):
+                           schedule: bool, average: bool) -> None:
+    """Warns where a communicator that reduces in float16 silently costs: float32
+    gradients to reduce (those of a graph of ``precision`` ``"float"``, or of the
+    full-precision phase of a precision ``schedule``) lose precision and overflow in its
+    sums; float16 gradients summed over the ranks (not ``average``) overflow where each
+    rank's do not, and the scale falls by a factor of the rank count."""
+    if reduction is None or not reduction.float16:
         return
-    what = ("the gradients of this float32 graph" if precision == "float" else
-            "the float32 gradients of the precision schedule's full-precision phase")
-    logger.warning(f"nnabla_mpt: the communicator reduces in float16 (nnabla's "
-                   f"communicator made from a half or mixed_half context): {what} lose "
-                   f"precision and overflow beyond 65504 in its sums; build the "
-                   f"communicator from a float context")
+    if precision == "float" or schedule:
+        what = ("the gradients of this float32 graph" if precision == "float" else
+                "the float32 gradients of the precision schedule's full-precision phase")
+        logger.warning(f"nnabla_mpt: the communicator reduces in float16 (nnabla's "
+                       f"communicator made from a half or mixed_half context): {what} lose "
+                       f"precision and overflow beyond 65504 in its sums; build the "
+                       f"communicator from a float context")
+    if precision == "half" and not average:
+        logger.warning("nnabla_mpt: the communicator sums the float16 gradients over the "
+                       "ranks in float16 (nnabla's communicator made from a cudnn half "
+                       "context): a sum overflows where each rank's gradients do not, so "
+                       "the loss scale falls by a factor of the rank count; average over "
+                       "the ranks (reduction=GradientReduction(average_ranks=True)) or "
+                       "build the communicator from a float context")
+
+
+def device_mismatch(extension: str, device_id: str, local_rank: Any) -> Optional[str]:
+    """Why a loss computed with ``extension`` on the device ``device_id`` costs with a
+    communicator on ``local_rank``'s device (nnabla's ``comm.init()`` puts it there), or
+    None: on the CPU, or without a ``local_rank``, there is no device to copy between."""
+    if extension == "cpu" or local_rank is None or device_id == str(local_rank):
+        return None
+    return (f"nnabla_mpt: the loss is computed on device {device_id!r} ({extension}) while "
+            f"the communicator lives on device {local_rank!r} (its local_rank: nnabla's "
+            f"comm.init() moves it there), so every collective copies across devices; set "
+            f"ctx.device_id = str(comm.local_rank) before creating the parameters and the "
+            f"solver")
+
+
+def warn_device_mismatch(comm, loss: "nn.Variable") -> None:
+    """Warns once per updater where the loss and ``comm`` live on different devices
+    (:func:`device_mismatch`)."""
+    parent = loss.parent
+    if parent is None:
+        return
+    why = device_mismatch(graph.extension_of(loss), parent.context.device_id,
+                          getattr(comm, "local_rank", None))
+    if why is not None:
+        logger.warning(why)
 
 
 def check_not_armed(comm) -> None:

@@ -136,3 +136,44 @@ def test_a_float16_reduction_warns_of_a_precision_schedule_s_float32_phase(caplo
     make_updater(comm=NcclLikeCommunicator("float16"))
     warned = _float16_warnings(caplog)
     assert len(warned) == 1 and "full-precision phase" in warned[0]
+
+
+def _sum_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if "sums the float16 gradients over the ranks" in r.getMessage()]
+
+
+@pytest.mark.parametrize("dtype, average, warns", [
+    ("float16", False, True), ("float16", True, False), ("float32", False, False)])
+def test_float16_sums_of_float16_gradients_warn_once(caplog, dtype, average, warns):
+    """nnabla's communicator made from a cudnn half context (the stand-in's float16
+    reduction) summing the gradients of a float16 graph: the sum over the ranks overflows
+    where each rank's gradients do not."""
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net("half")
+    DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                              comm=NcclLikeCommunicator(dtype),
+                              reduction=GradientReduction(average_ranks=average))
+    warned = _sum_warnings(caplog)
+    assert len(warned) == (1 if warns else 0)
+    if warns:
+        assert "average over the ranks (reduction=GradientReduction(average_ranks=True))" \
+            in warned[0] and "build the communicator from a float context" in warned[0]
+
+
+@pytest.mark.parametrize("extension, device_id, local_rank, warns", [
+    ("cudnn", "0", 1, True), ("cuda", "2", 0, True), ("cudnn", "1", 1, False),
+    ("cpu", "0", 1, False), ("cudnn", "0", None, False)])
+def test_a_loss_on_another_device_than_the_communicator_is_named(extension, device_id,
+                                                                 local_rank, warns):
+    from nnabla_mpt.distributed.agreement import device_mismatch
+    why = device_mismatch(extension, device_id, local_rank)
+    if not warns:
+        assert why is None
+        return
+    assert why == (f"nnabla_mpt: the loss is computed on device {device_id!r} ({extension}) "
+                   f"while the communicator lives on device {local_rank!r} (its local_rank: "
+                   f"nnabla's comm.init() moves it there), so every collective copies across "
+                   f"devices; set ctx.device_id = str(comm.local_rank) before creating the "
+                   f"parameters and the solver")
+
