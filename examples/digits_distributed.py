@@ -44,12 +44,17 @@ def mlp(x, hidden=64):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--precision", choices=["half", "float"], default="half")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--precision", choices=["half", "float"], default="half",
+                        help="the network's precision: float16 with loss scaling, or "
+                             "float32")
+    parser.add_argument("--steps", type=int, default=300, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="global batch size, split evenly over the ranks")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the data split and of the batches each rank draws")
     args = parser.parse_args()
 
     comm = MPICommunicator()  # a rank that raises aborts the whole job

@@ -47,7 +47,7 @@ from .scale.seed import BackwardSeed
 from .step.collapse import CollapseAttributes, CollapseWatch
 from .step.decision import LocalDecision
 from .step.detector import BatchCheck, OverflowDetector, overflow_check
-from .step.feeder import install_feeder
+from .step.feeder import StaleInputs, install_feeder
 from .step.overflow_handling import OverflowHandling, check_retries
 from .step.step_loss import LossRecorder, StepLosses
 from .step.unscale import Unscaler
@@ -153,6 +153,7 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         check_retries(opts.overflow.max_retries, opts.enable_overflow_check)
         self._policy = make_policy(self._dtype)
         install_feeder(self, opts.data_feeder)
+        self._stale = StaleInputs(graph.data_inputs(self._loss, self._params))
         self._clear_buffer, self._accum_grad = opts.clear_buffer, opts.accum_grad
         self._max_retries = opts.overflow.max_retries
         self._average_accum = opts.reduction.average_accum
@@ -262,6 +263,8 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         try:
             if self._comm is not None:
                 agreement.check_not_armed(self._comm)
+            if self._steps < 2 and self._feed is None:
+                self._stale.look(self._steps)        # the script writes the inputs itself?
             result = self._step(1)
             while result.skipped and result.attempts <= self._max_retries:
                 result = self._step(result.attempts + 1)
@@ -380,6 +383,15 @@ def _already_running(name: str, runner: Optional[int]) -> RuntimeError:
 class DynamicLossScalingUpdater(_LossScalingUpdater):
     """Mixed-precision training step with a dynamic loss scale.
 
+    ``step = updater.update()`` runs one step: ``accum_grad`` × (feed, forward, backward
+    with the loss scale), all-reduce (with ``comm``), overflow check, then unscale, clip,
+    weight decay and ``solver.update()``; or, on overflow, skip the step and back the
+    scale off. ``step.skipped``, ``step.scale`` and ``step.loss`` say what it did.
+    Recommended: ``scale="auto", growth_mode="measured"`` (the start measured on the first
+    batch, growth as far as the gradients leave room). Counters: ``updater.steps``,
+    ``updater.updates`` and ``updater.skipped_steps``; ``save_checkpoint(path)`` and
+    ``load_checkpoint(path)`` keep them with the parameters.
+
     A drop-in replacement for
     ``nnabla.experimental.mixed_precision_training.DynamicLossScalingUpdater``: the
     positional arguments are the same; every new option is keyword-only. Differences: an
@@ -421,6 +433,13 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
 @options.FIXED.describe
 class FixedLossScalingUpdater(_LossScalingUpdater):
     """Mixed-precision training step with a constant loss scale.
+
+    ``step = updater.update()`` runs one step: ``accum_grad`` × (feed, forward, backward
+    with the scale), all-reduce (with ``comm``), overflow check, then unscale, clip,
+    weight decay and ``solver.update()``; ``step.skipped``, ``step.scale`` and
+    ``step.loss`` say what it did. Counters: ``updater.steps``, ``updater.updates`` and
+    ``updater.skipped_steps``; ``save_checkpoint(path)`` and ``load_checkpoint(path)``
+    keep them with the parameters.
 
     With ``enable_overflow_check=True`` (default) an overflowing step is skipped and the
     scale stays. With ``enable_overflow_check=False`` no check runs and the parameters are

@@ -104,3 +104,29 @@ def test_the_package_walks_no_frames_and_hooks_no_imports():
     sources = "\n".join(p.read_text(encoding="utf-8")
                         for p in (ROOT / "nnabla_mpt").rglob("*.py"))
     assert "_getframe" not in sources and "meta_path" not in sources
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_help_of_an_updater_says_the_essentials_first(cls):
+    lines = pydoc.render_doc(cls, renderer=pydoc.plaintext).splitlines()
+    head = " ".join(" ".join(lines[:20]).replace("``", "").replace("|", "").split())
+    assert "step = updater.update() runs one step" in head
+    assert "step.skipped, step.scale and step.loss" in head
+    assert "updater.steps, updater.updates and updater.skipped_steps" in head
+    if cls is DynamicLossScalingUpdater:
+        assert 'Recommended: scale="auto", growth_mode="measured"' in head
+
+
+def test_every_option_of_the_distributed_example_says_what_it_is_and_its_default():
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "digits_distributed.py"),
+                           "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    usage, _, entries = proc.stdout.partition("show this help message and exit")
+    options = re.findall(r"\[(--[\w-]+)", usage)
+    assert options == ["--precision", "--steps", "--batch-size", "--lr", "--seed"]
+    # one entry per option, each with a text of its own and its default
+    blocks = re.split(r"\n  (?=--)", entries)[1:]
+    assert [b.split()[0] for b in blocks] == options
+    for block in blocks:
+        words = " ".join(block.split())
+        assert re.search(r" [a-z][a-z ,':]+", words) and "(default: " in words, words

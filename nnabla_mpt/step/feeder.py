@@ -19,8 +19,9 @@ Example:
     TypeError: data_feeder=<function <lambda> at ...> needs an argument ...
 """
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
+import numpy as np
 from nnabla.logger import logger
 
 
@@ -75,3 +76,39 @@ def first_call_checked(updater: Any, feeder: Callable[[], Any],
                            f"step ran on whatever the inputs held before")
         return result
     return first_call
+
+
+class StaleInputs:
+    """Without a data feeder, the check that the script writes the inputs itself: the
+    graph's data inputs are read at the first two steps (only there: no cost later) and,
+    where every one held the same values at both, a warning names them once: every step
+    would train on the same batch.
+
+    Args:
+        inputs: The data inputs of the loss's graph
+            (:func:`~nnabla_mpt.core.graph.data_inputs`).
+    """
+
+    def __init__(self, inputs: List[Any]) -> None:
+        self._inputs = inputs
+        self._first: Optional[List[Any]] = None
+
+    def look(self, step: int) -> None:
+        """Reads the inputs before step ``step`` runs (0 and 1; later steps return)."""
+        if step > 1 or not self._inputs:
+            return
+        values = [np.array(v.d, copy=True) for v in self._inputs]
+        if step == 0 or self._first is None:
+            self._first = values
+            return
+        same = all(a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+                   for a, b in zip(self._first, values))
+        self._first = None
+        if same:
+            names = ", ".join(f"{v.name!r}" if v.name else f"#{i} of shape {tuple(v.shape)}"
+                              for i, v in enumerate(self._inputs))
+            logger.warning(f"nnabla_mpt: no data_feeder, and the inputs of the loss's graph "
+                           f"({names}) hold the same values at steps 0 and 1: every step "
+                           f"trains on the same batch. Pass data_feeder=..., a function of no "
+                           f"arguments that writes the next batch (x.d = ...), or write the "
+                           f"inputs before each update()")

@@ -84,3 +84,40 @@ def test_a_feeder_assigned_later_is_called_and_checked(caplog):
     updater.data_feeder = None
     updater.update()
     assert (net.calls, len(later)) == (2, 4) and updater.data_feeder is None
+
+
+def _stale_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if "same batch" in r.getMessage()]
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_inputs_nobody_writes_are_named_once(caplog, cls):
+    # no data_feeder (data_feeder=feed() passes None too) and a script that never writes
+    # the inputs: every step trains on the batch that was there at the start
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net()
+    net.feed(0)
+    updater = cls(net.solver(), net.loss, None, scale=8.0)
+    results = [updater.update() for _ in range(5)]
+    assert not any(r.skipped for r in results)
+    warned = _stale_warnings(caplog)
+    assert warned == ["nnabla_mpt: no data_feeder, and the inputs of the loss's graph (#0 of "
+                      "shape (4, 3), #1 of shape (4, 2)) hold the same values at steps 0 and "
+                      "1: every step trains on the same batch. Pass data_feeder=..., a "
+                      "function of no arguments that writes the next batch (x.d = ...), or "
+                      "write the inputs before each update()"]
+
+
+@pytest.mark.parametrize("writer", ["feeder", "script", "one_input"])
+def test_inputs_written_each_step_are_not_warned_about(caplog, writer):
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss,
+                                        net.feeder if writer == "feeder" else None)
+    for i in range(4):
+        if writer == "script":
+            net.feed(i)
+        elif writer == "one_input":               # the labels stay, the images change
+            net.x.d = net.batch(i)[0]
+        updater.update()
+    assert _stale_warnings(caplog) == []
