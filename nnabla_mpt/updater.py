@@ -46,7 +46,7 @@ from .scale.precision_graphs import updater_schedule
 from .scale.seed import BackwardSeed
 from .step.collapse import CollapseAttributes, CollapseWatch
 from .step.decision import LocalDecision
-from .step.detector import BatchCheck, OverflowDetector, overflow_check
+from .step.detector import BatchCheck, OverflowDetector, overflow_checks
 from .step.feeder import StaleInputs, install_feeder
 from .step.overflow_handling import OverflowHandling, check_retries
 from .step.step_loss import LossRecorder, StepLosses
@@ -75,11 +75,9 @@ class StepResult:
             all-reduce); None on other steps.
         bad_batch: True when the step was skipped because its batch (on some rank) held
             inf/NaN: no overflow, the scale is kept (see ``updater.bad_batches``).
-        held_by: At a growth point of measured growth where the scale grew less than the
-            gradients' room allows, or not at all: ``"gradients"`` (no room for a
-            growth), ``"ceiling"`` (the largest power of two the loss's dtype holds: a
-            loss built in float32 lifts it, see :doc:`measured`) or ``"max_scale"``; None
-            on every other step.
+        held_by: What held the scale at a growth point of measured growth: ``"gradients"``
+            (no room), ``"ceiling"`` (the largest power of two the loss's dtype holds, which
+            a loss built in float32 lifts: :doc:`measured`), ``"max_scale"``; else None.
     """
     step: int
     skipped: bool
@@ -184,7 +182,10 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         self._detector = OverflowDetector(opts.overflow.mode)
         pack = backward_reduction(reduction, self._comm, opts.overflow.mode == "saturation",
                                   graphs, self._params)
-        checks = self._overflow_checks(opts.enable_overflow_check)
+        float32_cpu = (self._schedule is None and self._dtype.name == "float32"
+                       and graph.extension_of(self._loss) == "cpu")
+        checks = overflow_checks(self._detector.mode, opts.enable_overflow_check, self._solver,
+                                 self._params, float32_cpu, graph.float_context(self._loss))
         float_only = self._precision == "float" and self._schedule is None
         if self._comm is None:
             self._decider, self._shared_grads = LocalDecision(checks[0], batch), None
@@ -199,18 +200,6 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         self._in_backward = self._decider.in_backward
         self._zero_grads = (self._solver.zero_grad if self._shared_grads is None
                             else self._shared_grads.zero)
-
-    def _overflow_checks(self, enabled: bool) -> Tuple[Optional[Callable[[], bool]], ...]:
-        """``(check, inf_nan_check)``: the overflow check of the detector's mode and the
-        inf/NaN one (the same in that mode), both None with the check off."""
-        if not enabled:
-            return None, None
-        float32_cpu = (self._schedule is None and self._dtype.name == "float32"
-                       and graph.extension_of(self._loss) == "cpu")
-        made = {mode: overflow_check(OverflowDetector(mode), self._solver, self._params,
-                                     float32_cpu, graph.float_context(self._loss))
-                for mode in dict.fromkeys((self._detector.mode, "inf_nan"))}
-        return made[self._detector.mode], made["inf_nan"]
 
     # -- what the step runs, as it is now ----------------------------------------------
     @property
@@ -434,12 +423,10 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
 class FixedLossScalingUpdater(_LossScalingUpdater):
     """Mixed-precision training step with a constant loss scale.
 
-    ``step = updater.update()`` runs one step: ``accum_grad`` × (feed, forward, backward
-    with the scale), all-reduce (with ``comm``), overflow check, then unscale, clip,
-    weight decay and ``solver.update()``; ``step.skipped``, ``step.scale`` and
-    ``step.loss`` say what it did. Counters: ``updater.steps``, ``updater.updates`` and
-    ``updater.skipped_steps``; ``save_checkpoint(path)`` and ``load_checkpoint(path)``
-    keep them with the parameters.
+    ``step = updater.update()`` runs one step as :class:`DynamicLossScalingUpdater`'s does,
+    with a scale that stays; ``step.skipped``, ``step.scale`` and ``step.loss`` say what it
+    did. Counters: ``updater.steps``, ``updater.updates`` and ``updater.skipped_steps``;
+    ``save_checkpoint(path)`` and ``load_checkpoint(path)`` keep them with the parameters.
 
     With ``enable_overflow_check=True`` (default) an overflowing step is skipped and the
     scale stays. With ``enable_overflow_check=False`` no check runs and the parameters are

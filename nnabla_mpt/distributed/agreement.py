@@ -83,7 +83,7 @@ class StepAgreement:
         self.reduction = reduction
         self.check = check
         self.check_before = check is not None and check_before
-        self.check_after = check if check_after is None else check_after
+        self.check_after = check_after
         self._batch = batch
         self._division = division
         self.in_backward = in_backward
@@ -103,7 +103,7 @@ class StepAgreement:
         flagged, mean, steps = self._flags.decode(reduced)
         check_in_step(steps)
         losses.set_mean(mean)
-        overflow = self.check is not None and (flagged or self.check_after())
+        overflow = self.check is not None and (flagged or (self.check_after or self.check)())
         if not overflow:
             return False, False, False
         bad_losses, bad_batches = self._count([not math.isfinite(losses.total()),

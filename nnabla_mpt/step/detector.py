@@ -1,5 +1,5 @@
 """The overflow detector shared by every updater, and the check of a step's batch."""
-from typing import Callable, Dict, List, Literal, Optional, Sequence
+from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -101,6 +101,18 @@ def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object]
         # off the CPU the solver's test reads back one result per parameter
         return SummedInfNanCheck(params, context, min_size=0)
     return solver.check_inf_or_nan_grad
+
+
+def overflow_checks(mode: str, enabled: bool, solver, params: Dict[str, object],
+                    float32_cpu: bool, context) -> Tuple[Optional[Callable[[], bool]], ...]:
+    """``(check, inf_nan_check)`` of an updater (:func:`overflow_check`): the check of the
+    detector's ``mode`` and the inf/NaN one (the same object in that mode), for the
+    reduced gradients where a reduction cannot saturate; both None when not ``enabled``."""
+    if not enabled:
+        return None, None
+    made = {m: overflow_check(OverflowDetector(m), solver, params, float32_cpu, context)
+            for m in dict.fromkeys((mode, "inf_nan"))}
+    return made[mode], made["inf_nan"]
 
 
 #: Gradient arrays at least this large are checked through a sum (see SummedInfNanCheck).

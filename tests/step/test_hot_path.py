@@ -277,7 +277,8 @@ import nnabla as nn
 import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
-from nnabla_mpt import DynamicLossScalingUpdater, MPICommunicator
+from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, GradientReduction,
+                        MPICommunicator)
 from nnabla_mpt.step.detector import SummedInfNanCheck
 
 comm = MPICommunicator()
@@ -294,8 +295,9 @@ def feed():
     x.d = data * (1e9 if (comm.rank == 1 and updater.steps == 3) else 1.0)
 
 
-updater = DynamicLossScalingUpdater(solver, loss, feed, scale=2.0 ** 100, N=100,
-                                    max_scale=2.0 ** 110, comm=comm, average_ranks=True)
+updater = DynamicLossScalingUpdater(
+    solver, loss, feed, comm=comm, reduction=GradientReduction(average_ranks=True),
+    policy=DynamicLossScale(init_scale=2.0 ** 100, growth_interval=100, max_scale=2.0 ** 110))
 summed = isinstance(updater._decider.check, SummedInfNanCheck)
 checks = []
 check = updater._decider.check
