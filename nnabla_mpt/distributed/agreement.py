@@ -274,24 +274,26 @@ def warn_float16_reduction(reduction: Optional[exchange.Reduction], precision: s
     """Warns where a communicator that reduces in float16 silently costs: float32
     gradients to reduce (those of a graph of ``precision`` ``"float"``, or of the
     full-precision phase of a precision ``schedule``) lose precision and overflow in its
-    sums; float16 gradients summed over the ranks (not ``average``) overflow where each
-    rank's do not, and the scale falls by a factor of the rank count."""
+    sums; float16 gradients summed over the ranks overflow where each rank's do not (with
+    ``average`` too: nnabla-ext-cuda divides the float16 sum after it is taken), and the
+    scale falls by up to a factor of the rank count."""
     if reduction is None or not reduction.float16:
         return
     if precision == "float" or schedule:
         what = ("the gradients of this float32 graph" if precision == "float" else
                 "the float32 gradients of the precision schedule's full-precision phase")
         logger.warning(f"nnabla_mpt: the communicator reduces in float16 (nnabla's "
-                       f"communicator made from a half or mixed_half context): {what} lose "
-                       f"precision and overflow beyond 65504 in its sums; build the "
+                       f"communicator made from a cudnn half or mixed_half context): {what} "
+                       f"lose precision and overflow beyond 65504 in its sums; build the "
                        f"communicator from a float context")
-    if precision == "half" and not average:
-        logger.warning("nnabla_mpt: the communicator sums the float16 gradients over the "
-                       "ranks in float16 (nnabla's communicator made from a cudnn half "
-                       "context): a sum overflows where each rank's gradients do not, so "
-                       "the loss scale falls by a factor of the rank count; average over "
-                       "the ranks (reduction=GradientReduction(average_ranks=True)) or "
-                       "build the communicator from a float context")
+    if precision == "half":
+        divided = (" (averaging over the ranks divides that sum afterwards, so it does not "
+                   "help)" if average else "")
+        logger.warning(f"nnabla_mpt: the communicator sums the float16 gradients over the "
+                       f"ranks in float16 (nnabla's communicator made from a cudnn half or "
+                       f"mixed_half context): a sum overflows where each rank's gradients "
+                       f"do not{divided}, so the loss scale falls by up to a factor of the "
+                       f"rank count; build the communicator from a float context")
 
 
 def device_mismatch(extension: str, device_id: str, local_rank: Any) -> Optional[str]:

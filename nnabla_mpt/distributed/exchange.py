@@ -1,7 +1,8 @@
 """Our own values sent through a communicator's all-reduce exactly, whatever dtype it
 reduces in, and what the reduction does to dtypes.
 
-nnabla's NCCL communicator made from a half (or mixed_half) context casts every array it
+nnabla's NCCL communicator made from a cudnn half or mixed_half context (or a cuda
+half one; cuda's mixed_half gives a float32 one) casts every array it
 reduces to float16 in place, ours included: a loss of 40000 on each of two ranks sums to
 inf, any value keeps 3 digits, a measured room of 2047.9 rounds up to 2048. So values that
 must come through exactly travel as their bytes, one byte (0 to 255) per element, each
