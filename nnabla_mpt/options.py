@@ -174,12 +174,12 @@ SCHEDULE = Option(
 CLIP_GRAD_NORM = Option(
     "clip_grad_norm", None, Optional[float],
     "Clip the unscaled gradients to this global L2 norm, or None. The norm is "
-    "taken of the unscaled gradients, squared in float32 on the device they live "
-    "on; a norm that is not finite even so (beyond about 1.8e19) is an overflow: "
-    "the step is skipped and a dynamic scale backs off (also with "
-    "``enable_overflow_check=False``); a streak of such steps is diagnosed as an "
-    "overflow streak, whose replay finds the gradients finite (kind "
-    "``\"not_reproduced\"``).",
+    "taken of the unscaled gradients in float32 on the device they live on, "
+    "scaled by their largest magnitude as BLAS ``nrm2`` does: finite for all "
+    "finite gradients, which are clipped and applied however large their norm "
+    "(a step is never skipped for it). Only gradients holding inf or NaN have "
+    "no norm: the overflow check skips them, and without it "
+    "(``enable_overflow_check=False``) the norm does, as an overflow.",
     _optional(_real(gt=0.0)))
 MONITOR = Option(
     "monitor", None, Optional[Callable[[Any], Any]],

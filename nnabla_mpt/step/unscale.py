@@ -5,6 +5,9 @@ from typing import Any, Mapping, Optional
 
 from ..core._gradsum import SquaredNorm, numpy_min_size
 
+#: The smallest normal float32: a clip factor below it is applied in parts.
+FLOAT32_TINY = 2.0 ** -126
+
 
 class Unscaler:
     """Unscales the summed gradients, clips them, applies weight decay and updates.
@@ -15,8 +18,9 @@ class Unscaler:
     (:func:`~nnabla_mpt.scale.seed.held_scale`: 3000.0 for a scale of 3000.7 in float16).
     :meth:`unscale` divides them by that held value, and by ``accum_grad`` where the
     micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
-    takes the global L2 norm of the unscaled gradients, squared in float32, and scales
-    them down to the bound when the norm exceeds it. :meth:`apply` applies weight decay to
+    takes the global L2 norm of the unscaled gradients (scaled by their largest magnitude,
+    as BLAS ``nrm2`` does: finite for all finite gradients) and scales them down to the
+    bound when the norm exceeds it. :meth:`apply` applies weight decay to
     the unscaled gradients, sets the learning rate of ``lr_scheduler`` (fetched by
     :meth:`unscale`, before the step has changed anything) and updates.
 
@@ -60,8 +64,12 @@ class Unscaler:
         ``scale="auto"`` has measured its scale).
 
         Returns False, the gradients unscaled but not clipped, when clipping is on and
-        their norm is not finite: no factor brings such gradients to the bound (the
-        updater skips the step as an overflow). True otherwise.
+        their norm is not finite, which only a gradient holding inf or NaN makes (the
+        overflow check finds those first; without it, the updater skips the step as an
+        overflow): no factor brings such gradients to the bound. True otherwise: finite
+        gradients are clipped and applied, however large their norm (a clip factor below
+        float32's smallest normal, ``FLOAT32_TINY``, is applied in parts of ``2**-64``,
+        since ``scale_grad`` takes a float32).
         """
         if self._lr_scheduler is not None:
             self._rate = scheduled_rate(self._lr_scheduler, updates)
@@ -74,7 +82,11 @@ class Unscaler:
         if not math.isfinite(norm):
             return False
         if norm > self.clip:
-            self._solver.scale_grad(self.clip / norm)
+            factor = self.clip / norm
+            while 0.0 < factor < FLOAT32_TINY:  # a float32 subnormal (or 0) would lose bits
+                self._solver.scale_grad(2.0 ** -64)     # exact, where the result is normal
+                factor *= 2.0 ** 64
+            self._solver.scale_grad(factor)
         return True
 
     def apply(self) -> None:
@@ -88,8 +100,10 @@ class Unscaler:
         self._solver.update()
 
     def grad_norm(self) -> float:
-        """Global L2 norm of the gradients of all the solver's parameters as they are now,
-        squared and summed in float32 (inf beyond about 1.8e19)."""
+        """Global L2 norm of the gradients of all the solver's parameters as they are now
+        (:class:`~nnabla_mpt.core._gradsum.SquaredNorm`: summed in float32 scaled by the
+        largest magnitude, read once): finite for finite gradients, NaN or inf only
+        where a gradient holds inf or NaN."""
         if self._squared_norm is None:
             self._squared_norm = SquaredNorm(list(self._params.values()), self._context,
                                              numpy_min_size(self._context))

@@ -274,9 +274,10 @@ def test_grads_that_leave_out_a_parameter_are_refused_with_a_communicator():
 @pytest.mark.parametrize("mode", ["clip", "saturation"])
 @pytest.mark.parametrize("n", RANKS, ids=lambda n: f"np{n}")
 def test_one_rank_s_huge_gradients_skip_the_step_on_every_rank(tmp_path, n, mode):
-    """Finite values of 2e37 on the last rank: with ``clip_grad_norm`` the norm of the
-    reduced gradients is not finite, which is an overflow on every rank alike; in the
-    saturation mode that rank's own check before the reduce finds them first."""
+    """Huge values on the last rank (1e38 with ``clip_grad_norm``: its scaled gradients
+    overflow to inf, which the check of the reduced gradients finds on every rank alike;
+    2e37 in the saturation mode, where that rank's own check before the reduce finds
+    them first)."""
     ranks = run_ranks(n, "clip_norm.py", tmp_path, mode)
     for arrays, meta in ranks:
         assert meta["results"] == [[False, 4.0, 4.0], [False, 4.0, 4.0], [True, 4.0, 2.0],

@@ -3,12 +3,14 @@
 Usage: mpiexec -n N python clip_norm.py OUTDIR MODE
 
 The network is ``loss = sum(x * w)``, so the gradient of ``w`` is the loss scale times
-``x``. At step 2 the last rank's batch holds two values of 2e37: the reduced gradients
-stay finite in float32 (at scale 4), the unscaled ones too, but their norm does not. MODE
-"clip" trains with ``clip_grad_norm=1``: every rank must skip step 2 as an overflow.
-MODE "saturation" adds ``overflow=OverflowHandling(
-    mode="saturation")`` (each rank's own gradients are
-checked before the reduce too): the last rank's values saturate, so every rank skips.
+``x``. MODE "clip" trains with ``clip_grad_norm=1``; at step 2 the last rank's batch holds
+two values of 1e38, whose scaled gradients (4e38 at scale 4) overflow float32: the
+reduced gradients hold inf, so does their norm, and every rank must skip step 2 as an
+overflow. (Finite gradients, however large, have a finite norm: they are clipped and
+applied, see tests/step/test_clip_norm.py.) MODE "saturation" adds
+``overflow=OverflowHandling(mode="saturation")`` (each rank's own gradients are checked
+before the reduce too) and two values of 2e37, finite even scaled: the last rank's values
+saturate, so every rank skips.
 Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
 """
 import sys
@@ -39,7 +41,7 @@ updater = None
 def feed():
     data = np.random.RandomState(10 * rank + updater.steps).rand(8).astype(np.float32)
     if updater.steps == 2 and rank == size - 1:
-        data[:2] = 2e37
+        data[:2] = 1e38 if mode == "clip" else 2e37
     x.d = data
 
 

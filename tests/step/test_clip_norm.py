@@ -1,5 +1,7 @@
-"""Global-norm clipping where the squared norm of the scaled gradients overflows, and the
-saturation check, on real graphs (float16 on the CPU for the half ones).
+"""Global-norm clipping where the squared norm of the scaled gradients overflows, or even
+that of the unscaled ones (finite gradients are clipped, never skipped: the norm is scaled
+by the largest magnitude), and the saturation check, on real graphs (float16 on the CPU
+for the half ones).
 
 The reference of a clipped step reads the scaled gradients the graph produces for the
 step's batch (the same forward and backward pass the updater runs), then in float64:
@@ -93,25 +95,116 @@ def product_net(precision, x_values, w=1e-3):
     return solver, loss, x, w_var
 
 
+# A float32 graph at the scale 14563 and a batch with one spike: the scaled gradients stay
+# finite (up to about 2.3e38), the unscaled norm is about 1.6e34, whose square (2.6e68)
+# is far beyond float32's range (a norm beyond about 1.8e19 squares to more than 3.4e38).
+# 3x2: the norm's graph; 512x256: NumPy's dot for the weight (131,072 elements on the CPU).
+SPIKES = [(3, 2, 5.4e17), (512, 256, 1.35e18)]
+
+
+@pytest.mark.parametrize("d_in, d_out, spike", SPIKES)
+def test_a_finite_spike_whose_norm_squared_passes_float32_is_clipped_not_skipped(
+        d_in, d_out, spike):
+    net = Net("float", batch=4, d_in=d_in, d_out=d_out)
+    solver = net.solver("Sgd", lr=LR)
+    scale = 14563.0
+    updater = DynamicLossScalingUpdater(solver, net.loss, scale=scale, clip_grad_norm=1.0)
+    x, t = net.batch(0)
+    x[0, 0] = spike
+    net.x.d, net.t.d = x, t
+    before = net.snapshot()
+    grads = scaled_grads(net, solver, scale)
+    assert all(np.isfinite(g).all() for g in grads.values())
+    norm = np.sqrt(sum(np.sum((g / scale) ** 2) for g in grads.values()))
+    assert 1e34 < norm < 2e34 and norm ** 2 > np.finfo(np.float32).max
+    expected, factor = reference_step(before, grads, scale, 1.0)
+    result = updater.update()
+    # applied, the scale kept (a float32 sum of squares made the norm inf: the step was
+    # skipped as an overflow and the scale backed off to 7281.5)
+    assert result.updated and (result.scale, result.next_scale) == (scale, scale)
+    assert (updater.skipped_steps, updater.updates, updater.overflow_streak) == (0, 1, 0)
+    # the gradients the solver applied: the unscaled ones clipped to norm 1
+    applied = np.sqrt(sum(np.sum(v.g.astype(np.float64) ** 2) for v in net.params.values()))
+    assert applied == pytest.approx(1.0, rel=1e-6)
+    after = net.snapshot()
+    assert not np.array_equal(after["out/affine/W"], before["out/affine/W"])
+    for name in after:
+        np.testing.assert_allclose(after[name], expected[name], rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+
+
+# float16 layers whose scaled gradients (at most about 4e4) square to far more than 65504:
+# 256x500 (128,000 elements) goes through the norm's graph in float32, 512x512 through
+# NumPy on the CPU; a bound of 0.1 is always reached.
+@pytest.mark.parametrize("d_in, d_out", [(256, 500), (512, 512)])
+def test_a_large_float16_layer_clips_like_the_float64_reference(d_in, d_out):
+    net = Net("half", batch=4, d_in=d_in, d_out=d_out)
+    solver = net.solver("Sgd", lr=LR)
+    scale = 2.0 ** 10
+    updater = FixedLossScalingUpdater(solver, net.loss, scale=scale, clip_grad_norm=0.1)
+    for step in range(2):
+        x, t = net.batch(step)
+        net.x.d, net.t.d = x * np.float32(20.0), t
+        before = net.snapshot()
+        grads = scaled_grads(net, solver, scale)
+        peak = max(np.abs(g).max() for g in grads.values())
+        assert np.isfinite(peak) and 1e4 < peak < 65504
+        expected, factor = reference_step(before, grads, scale, 0.1)
+        assert factor < 1e-2
+        assert updater.update().updated
+        applied = np.sqrt(sum(np.sum(v.g.astype(np.float64) ** 2)
+                              for v in net.params.values()))
+        assert applied == pytest.approx(0.1, rel=1e-3)       # float16 gradients
+        after = net.snapshot()
+        for name in after:
+            np.testing.assert_allclose(after[name], expected[name], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"step {step}, {name}")
+
+
+@pytest.mark.parametrize("clip", [1.0, 1e-3])       # 1e-3: a factor below float32's normals
 @pytest.mark.parametrize("size", [4, 1 << 17])      # the graph; NumPy on the CPU
-def test_a_norm_still_not_finite_unscaled_skips_the_step_as_an_overflow(size):
+def test_finite_gradients_near_float32_s_largest_are_clipped_and_applied(size, clip):
     # At scale 4 the gradients are 8e37, finite in float32, and so are the unscaled ones,
-    # 2e37; but their squares, 4e74, are not: no clip factor brings them to the bound.
+    # 2e37: their norm (about 2.8e37) is finite, its square (8e74) is not even in float32.
+    # The clip factor, clip / norm, is about 3.5e-38 or 3.5e-41 (a float32 subnormal).
     solver, loss, x, w = product_net("float", np.ones(size))
-    updater = DynamicLossScalingUpdater(solver, loss, scale=4.0, clip_grad_norm=1.0)
+    updater = DynamicLossScalingUpdater(solver, loss, scale=4.0, clip_grad_norm=clip)
     assert updater.update().updated     # a first good step, so that Momentum holds a state
-    params, states = {"w": w.d.copy()}, solver_states(solver)
+    params = w.d.copy()
     huge = np.ones(size, dtype=np.float32)
     huge[:2] = 2e37
     x.d = huge
     result = updater.update()
-    assert np.isfinite(w.g).all()               # no gradient overflowed: the norm did
-    assert result.skipped and not result.bad_batch
-    assert (result.scale, result.next_scale, updater.scale) == (4.0, 2.0, 2.0)
-    assert (updater.skipped_steps, updater.updates) == (1, 1)
-    assert updater.overflow_streak == 1
-    assert_bitwise_equal({"w": w.d}, params)
-    assert_states_bitwise_equal(solver_states(solver), states)
+    assert result.updated and (result.scale, result.next_scale) == (4.0, 4.0)
+    assert (updater.skipped_steps, updater.updates, updater.overflow_streak) == (0, 2, 0)
+    unscaled = huge.astype(np.float64)      # the gradient of w, unscaled
+    expected = unscaled * (clip / np.sqrt(np.sum(unscaled ** 2)))
+    # the ones of 1 become subnormals with clip 1e-3 (rounded to multiples of 1.4e-45)
+    np.testing.assert_allclose(w.g, expected, rtol=1e-6, atol=1.5e-45)
+    assert np.isfinite(w.d).all() and not np.array_equal(w.d, params)
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+@pytest.mark.parametrize("size", [4, 1 << 17])      # the graph; NumPy on the CPU
+def test_without_the_overflow_check_a_norm_not_finite_still_skips_the_step(size, bad):
+    # Gradients holding inf (1e38 at scale 4 overflows float32) or NaN have no finite norm
+    # and no clip factor: the step is skipped even where no overflow check runs (a fixed
+    # scale stays). Finite gradients as large, 2e37 at scale 4, are clipped and applied.
+    solver, loss, x, w = product_net("float", np.ones(size))
+    updater = FixedLossScalingUpdater(solver, loss, scale=4.0, clip_grad_norm=1.0,
+                                      enable_overflow_check=False)
+    values = np.ones(size, dtype=np.float32)
+    values[:2] = 1e38 if bad == np.inf else bad
+    x.d = values
+    before = w.d.copy()
+    result = updater.update()
+    assert not np.isfinite(w.g).all()
+    assert result.skipped and (result.scale, result.next_scale) == (4.0, 4.0)
+    assert w.d.tobytes() == before.tobytes()
+    values[:2] = 2e37
+    x.d = values
+    assert updater.update().updated and np.isfinite(w.d).all()
+    assert not np.array_equal(w.d, before)
 
 
 @pytest.mark.parametrize("precision", ["half", "float"])
@@ -141,16 +234,44 @@ def test_the_saturation_check_decides_at_the_threshold_as_the_numpy_check(precis
     assert decisions == [True, True, False, False, False, True, True]
 
 
-def test_without_the_overflow_check_a_norm_not_finite_still_skips_the_step():
-    # No clip factor exists for such gradients: the step is skipped even where no
-    # overflow check runs (a fixed scale stays).
-    solver, loss, x, w = product_net("float", np.ones(4))
-    updater = FixedLossScalingUpdater(solver, loss, scale=4.0, clip_grad_norm=1.0,
-                                      enable_overflow_check=False)
-    x.d = np.array([2e37, 2e37, 1.0, 1.0], dtype=np.float32)
-    before = w.d.copy()
-    result = updater.update()
-    assert result.skipped and (result.scale, result.next_scale) == (4.0, 4.0)
-    assert w.d.tobytes() == before.tobytes()
-    x.d = np.ones(4, dtype=np.float32)
-    assert updater.update().updated and not np.array_equal(w.d, before)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_norm_s_graph_matches_float64_however_it_packs_the_arrays(dtype):
+    # As on a GPU, every array in the graph (no NumPy path): arrays larger than GROUP_SIZE
+    # (a matrix of their own: a view, or a copy padded with zeros), sizes that 4 does not
+    # divide (padded), arrays packed together into several matrices.
+    from nnabla_mpt.core._gradsum import GROUP_SIZE, SquaredNorm
+
+    sizes = [GROUP_SIZE + 8, 3, 5, GROUP_SIZE // 2, GROUP_SIZE // 2 + 1, 7, GROUP_SIZE + 2]
+    variables = [nn.Variable((n,), need_grad=True) for n in sizes]
+    norm = SquaredNorm(variables, context("float"))
+    assert norm._graph is not None and not norm._large
+    rng = np.random.RandomState(3)
+    largest = float(np.finfo(dtype).max)
+    normal = [rng.randn(n) for n in sizes]
+    spike = [g.copy() for g in normal]
+    spike[4][-1] = largest                  # one value at the dtype's largest
+    cases = {"normal": normal, "spike": spike,
+             "all large": [g * (largest / 8) for g in normal],   # squares beyond float32
+             "tiny": [g * 1e-30 if dtype == np.float32 else g * 1e-6 for g in normal],
+             "zeros": [np.zeros(n) for n in sizes]}
+    for name, values in cases.items():
+        values = [np.clip(g, -largest, largest).astype(dtype) for g in values]
+        for v, g in zip(variables, values):
+            v.g = g
+        expected = sum(float(np.sum(g.astype(np.float64) ** 2)) for g in values)
+        assert norm.value() == pytest.approx(expected, rel=1e-5, abs=0.0), name
+    for bad in (np.inf, np.nan):
+        values[3][10] = bad
+        variables[3].g = values[3]
+        assert not np.isfinite(norm.value()), bad
+
+
+@pytest.mark.parametrize("cpu", [True, False])     # top_k_data; F.max (off the CPU)
+def test_the_norm_s_graph_finds_the_largest_magnitude_either_way(cpu):
+    from nnabla_mpt.core._gradsum import _largest
+
+    values = np.random.RandomState(4).randn(1, 1000, 4).astype(np.float32)
+    values[0, 517, 2] = -3e38
+    with nn.context_scope(context("float")), nn.auto_forward(True):
+        largest = _largest(nn.Variable.from_numpy_array(values), cpu)
+    assert largest.shape == (1, 1) and largest.d[0, 0] == np.float32(3e38)
