@@ -14,8 +14,8 @@ import inspect
 import textwrap
 import warnings
 from dataclasses import dataclass, field
-from typing import (Any, Callable, Dict, FrozenSet, Literal, Mapping, Optional, Sequence,
-                    Tuple, Union)
+from typing import (Any, Callable, Dict, Literal, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import nnabla as nn
 
@@ -245,17 +245,24 @@ def new_spelling(old: str) -> str:
     return f"{keyword}={_CLASS_OF[keyword].__name__}({name}=...)"
 
 
+#: What the warning of a policy keyword adds: the policy then holds the whole scale.
+_POLICY_NOTE = (" with the scale's other settings in it (init_scale, growth_factor, "
+                "growth_interval, growth_mode: its defaults are not the updater's)")
+
+
 def _moved_objects(owner: str, moved: Mapping[str, Any],
-                   passed: FrozenSet[str]) -> Dict[str, Any]:
+                   passed: Mapping[str, Any]) -> Dict[str, Any]:
     """What the moved keywords ``moved`` (old name -> value) stand for, by their new
     keyword: an object, or for ``policy`` a mapping of its settings. Each keyword warns
     once; one given with its new keyword is refused."""
     fields: Dict[str, Dict[str, Any]] = {}
     for old, value in moved.items():
-        warnings.warn(f"{owner}({old}=...) is deprecated and will be removed in {REMOVED_IN}: "
-                      f"pass {new_spelling(old)} instead", DeprecationWarning, stacklevel=4)
         keyword, name = MOVED[old]
-        if keyword in passed:
+        note = _POLICY_NOTE if keyword == "policy" else ""
+        warnings.warn(f"{owner}({old}=...) is deprecated and will be removed in {REMOVED_IN}: "
+                      f"pass {new_spelling(old)}{note} instead", DeprecationWarning,
+                      stacklevel=4)
+        if passed.get(keyword) is not None:
             raise TypeError(f"{owner}() got {old}= and {keyword}=: {old} is a field of "
                             f"{keyword} now; pass it there ({new_spelling(old)})")
         fields.setdefault(keyword, {})[name] = value
@@ -266,19 +273,8 @@ def _moved_objects(owner: str, moved: Mapping[str, Any],
         if keyword in fields:
             objects[keyword] = _CLASS_OF[keyword](**fields[keyword])
     if "schedule" in fields:
-        objects["schedule"] = _schedule_of(fields["schedule"])
+        objects["schedule"] = PrecisionSchedule.of_keywords(**fields["schedule"])
     return objects
-
-
-def _schedule_of(fields: Mapping[str, Any]) -> Optional[PrecisionSchedule]:
-    """The schedule that ``accelerate_train_mode`` and its companions ask for."""
-    fields = dict(fields)
-    mode = fields.pop("mode", None)
-    given = [f"{name}={value!r}" for name, value in fields.items() if value is not None]
-    if mode is None and given:
-        raise ValueError(f"{given[0]} needs accelerate_train_mode (e.g. 'fast|step|0.9'), "
-                         f"which is None")
-    return None if mode is None else PrecisionSchedule(mode, **fields)
 
 
 # -- the bound values ----------------------------------------------------------------------
@@ -356,7 +352,7 @@ class UpdaterSignature:
         moved = {name: given[name] for name in self.moved if name in given}
         given.update((name, o.default) for name, o in self.options.items() if name not in given)
         values = {name: o.check(name, given[name]) for name, o in self.options.items()}
-        objects = _moved_objects(owner, moved, passed)
+        objects = _moved_objects(owner, moved, {name: given[name] for name in passed})
         moved_policy = objects.pop("policy", {})
         values.update(objects)
         if "policy" not in self.options:

@@ -9,10 +9,12 @@ it (a *live* setting), or is refused with an ``AttributeError`` that says what t
 instead. While ``update()`` runs (a data feeder or a monitor assigning) every assignment
 is refused: the running step would mix the old and the new value. Nothing is ignored.
 """
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import options
 from .core import _validate as check
@@ -33,7 +35,7 @@ class Setting:
         name: The attribute's name.
         doc: What it is (its property's docstring).
         read: Where the step reads it, as an attribute path from the updater
-            (``"_unscaler.weight_decay"``).
+            (``"_unscaler.weight_decay"``), or ``read(updater)``.
         live: Whether an assignment takes effect from the next ``update()``.
         check: ``check(updater, value)`` returns the value to use or raises naming the
             setting; by default the constructor option's check.
@@ -43,7 +45,7 @@ class Setting:
     """
     name: str
     doc: str
-    read: str
+    read: Any
     live: bool = False
     check: Optional[Callable[[Any, Any], Any]] = None
     take: Optional[Callable[[Any, Any], None]] = None
@@ -51,20 +53,60 @@ class Setting:
 
     def as_property(self) -> property:
         """The setting as a property of an updater class."""
-        return property(attrgetter(self.read), self._assign, doc=self.doc)
+        read = attrgetter(self.read) if isinstance(self.read, str) else self.read
+        return property(read, self._assign, doc=self.doc)
 
     def _assign(self, updater: Any, value: Any) -> None:
         owner, name = type(updater).__name__, self.name
-        if updater._running:
-            raise RuntimeError(f"{owner}.{name} = {value!r} refused during update() (from a "
-                               f"data_feeder or a monitor): assign it between update() "
-                               f"calls; it takes effect from the next one")
         if not self.live:
             raise AttributeError(f"{owner}.{name} cannot be changed after construction "
                                  f"({name} = {value!r} refused): {self.instead}")
-        value = (options.option_named(name).check(name, value) if self.check is None
-                 else self.check(updater, value))
-        (self.take or partial(_set_path, self.read))(updater, value)
+        with updater.between_steps(f"{owner}.{name} = {value!r}"):
+            value = (options.option_named(name).check(name, value) if self.check is None
+                     else self.check(updater, value))
+            (self.take or partial(_set_path, self.read))(updater, value)
+
+
+class OneAtATime:
+    """One step, setting change or state load at a time, in one thread (a mixin of the
+    step loop's class): :meth:`between_steps` takes the updater's lock, or refuses."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: Optional[int] = None      # the thread holding the lock, if any
+
+    @contextmanager
+    def between_steps(self, what: str) -> Iterator[None]:
+        """Runs the body with the updater to itself; ``what`` (``"X.update()"``,
+        ``"X.weight_decay = 0.5"``) names the refused call in the ``RuntimeError``."""
+        if not self._lock.acquire(blocking=False):
+            raise _refused(what, self._running == threading.get_ident())
+        self._running = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._running = None
+            self._lock.release()
+
+
+def _refused(what: str, this_thread: bool) -> RuntimeError:
+    """The error of ``what`` tried while the updater runs a step, in this thread (from a
+    feeder or a monitor) or in another one."""
+    if what.endswith(".update()"):
+        where = ("it was called from inside update() (a monitor hook or a data_feeder); "
+                 "one updater runs one step at a time, so take the next step after "
+                 "update() has returned" if this_thread else
+                 "in another thread: one updater runs one step at a time (nnabla's graphs "
+                 "and gradients are not safe to share between threads); call update() from "
+                 "one thread, or give each thread an updater of its own graph")
+        return RuntimeError(f"{what} is already running{':' if this_thread else ''} {where}")
+    then = ("assign it between update() calls; it takes effect from the next one"
+            if " = " in what else "call it between update() calls")
+    if this_thread:
+        return RuntimeError(f"{what} refused during update() (from a data_feeder or a "
+                            f"monitor): {then}")
+    return RuntimeError(f"{what} refused: update() is running in another thread; {then}, "
+                        f"from the thread that calls update()")
 
 
 def install(cls: type, table: Sequence[Setting]) -> type:
@@ -124,7 +166,7 @@ def _scaling_factor(updater: Any, value: float) -> None:
     policy.growth_factor = value
 
 
-def _moved(old: str, read: str) -> Setting:
+def _moved(old: str, read: Any) -> Setting:
     """An option whose keyword moved into an object: read-only, saying its new spelling."""
     return _given(old, read, options.new_spelling(old))
 
@@ -205,6 +247,10 @@ BOTH = (
     _moved("overflow_mode", "_detector.mode"),
     _moved("all_reduce_callback", "_options.reduction.all_reduce_callback"),
     _moved("abort_on_exception", "_options.reduction.abort_on_exception"),
+    _moved("accelerate_train_mode",
+           lambda updater: updater._schedule and updater._schedule.mode.text),
+    _moved("total_steps", lambda updater: updater._schedule and updater._schedule.total_steps),
+    _moved("final_loss", lambda updater: updater._schedule and updater._schedule.final_loss),
 )
 
 #: The settings of the dynamic updater besides :data:`BOTH`: nnabla's ``scaling_factor``

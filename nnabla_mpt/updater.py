@@ -23,7 +23,6 @@ arguments (``options.DYNAMIC``, ``options.FIXED``). What a valid updater state i
 is saved, :mod:`nnabla_mpt.updater_state` says.
 """
 import math
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -118,7 +117,7 @@ class StepResult:
         return math.nan if self._losses is None else self._losses.mean()
 
 
-class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
+class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.OneAtATime):
     """The training step shared by every updater; see the subclasses. The attributes of
     the collapse handling (``overflow_streak``, ``bad_batches``, ...) come from
     :class:`~nnabla_mpt.step.collapse.CollapseAttributes`, the counters and the state from
@@ -134,8 +133,7 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
 
     def __init__(self, solver, loss, make_policy: Callable[[FloatType], Any],
                  opts: UpdaterOptions) -> None:
-        self._running: Optional[int] = None      # the thread running update(), if any
-        self._lock = threading.Lock()
+        settings.OneAtATime.__init__(self)
         self._options = opts
         self._params = solver_parameters(solver)
         self._solver = solver
@@ -167,7 +165,8 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
         reduction = self._decider.reduction
         self._meter = ScaleMeter(self._loss, self._params, self._policy, self._decider.gather,
                                  opts.gradient_stats_every, opts.scale == "auto",
-                                 None if reduction is None else reduction.dtype_after)
+                                 None if reduction is None else reduction.dtype_after,
+                                 opts.policy_settings.get("max_scale"))
         self._steps = self._updates = self._skipped_steps = 0
         self.last_result: Optional[StepResult] = None
 
@@ -246,21 +245,15 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
                 this one (a monitor hook or data feeder calling it): one step at a time. Or
                 ``comm`` has an all-reduce armed by a script's ``all_reduce_callback()``.
         """
-        if not self._lock.acquire(blocking=False):
-            raise _already_running(type(self).__name__, self._running)
-        self._running = threading.get_ident()
-        try:
+        with self.between_steps(f"{type(self).__name__}.update()"):
             if self._comm is not None:
                 agreement.check_not_armed(self._comm)
-            if self._steps < 2 and self._feed is None:
-                self._stale.look(self._steps)        # the script writes the inputs itself?
+            if self._feed is None:
+                self._stale.look()          # the script writes the inputs itself? (twice)
             result = self._step(1)
             while result.skipped and result.attempts <= self._max_retries:
                 result = self._step(result.attempts + 1)
             return result
-        finally:
-            self._running = None
-            self._lock.release()
 
     def _step(self, attempts: int) -> StepResult:
         index = self._steps
@@ -351,21 +344,6 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable):
                 loss.backward(seed, clear_buffer=clear, communicator_callbacks=callbacks)
             else:
                 watch.run(loss, scale, clear, callbacks)
-
-
-def _already_running(name: str, runner: Optional[int]) -> RuntimeError:
-    """The error of an ``update()`` of the updater class ``name`` called while one runs in
-    the thread ``runner``: this one (from inside the step), or another."""
-    name = f"{name}.update()"
-    if runner == threading.get_ident():
-        return RuntimeError(
-            f"{name} is already running: it was called from inside update() (a monitor "
-            f"hook or a data_feeder); one updater runs one step at a time, so take the "
-            f"next step after update() has returned")
-    return RuntimeError(
-        f"{name} is already running in another thread: one updater runs one step at a "
-        f"time (nnabla's graphs and gradients are not safe to share between threads); call "
-        f"update() from one thread, or give each thread an updater of its own graph")
 
 
 @options.DYNAMIC.describe

@@ -204,7 +204,9 @@ class Resumable(StepCounters):
     saving and restoring them with the policy's, the precision schedule's and measured
     growth's (``state_dict()``), in a checkpoint with the parameters and solver states.
     It reads the step loop's parts: ``_policy``, ``_schedule``, ``_meter``, ``_collapse``,
-    ``_params``, ``_solver`` and ``_dtype``."""
+    ``_params``, ``_solver`` and ``_dtype``; loading waits for no step: during one (from a
+    feeder, a monitor or another thread) it is refused
+    (:class:`~nnabla_mpt.settings.OneAtATime`)."""
 
     def state_dict(self) -> Dict[str, Any]:
         """The updater's whole state as plain Python values, versioned: the policy's (scale,
@@ -236,6 +238,11 @@ class Resumable(StepCounters):
             TypeError: a value has the wrong type (a counter that is no integer,
                 ``calibration_pending`` that is no bool); the message names it.
         """
+        with self.between_steps(f"{type(self).__name__}.load_state_dict()"):
+            self._apply_state(state)
+
+    def _apply_state(self, state: Mapping[str, Any]) -> None:
+        """:meth:`load_state_dict` with the updater to itself."""
         checked = self._check_state(state)
         policy_state = checked["policy"]
         warn_lowered(checked["lowered"], self._dtype)
@@ -282,5 +289,6 @@ class Resumable(StepCounters):
                 NaN, or its parameters, solver states or updater state do not match this
                 updater (the message names ``path`` and the arrays). Nothing is changed.
         """
-        state = checkpoint.load(path, self._params, self._solver, self._check_state)
-        self.load_state_dict(state)
+        with self.between_steps(f"{type(self).__name__}.load_checkpoint()"):
+            state = checkpoint.load(path, self._params, self._solver, self._check_state)
+            self._apply_state(state)

@@ -57,9 +57,10 @@ def _deprecations(make):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         updater = make()
-    return updater, [(str(w.message), w.filename) for w in caught
-                     if issubclass(w.category, DeprecationWarning)
-                     and "nnabla_mpt" in str(w.message) or "deprecated" in str(w.message)]
+    said = [(str(w.message), w.filename) for w in caught if "deprecated" in str(w.message)]
+    assert all(issubclass(w.category, DeprecationWarning) for w in caught
+               if "deprecated" in str(w.message))
+    return updater, said
 
 
 def _run(make, steps=8):
@@ -93,7 +94,9 @@ def test_a_policy_keyword_warns_once_and_trains_as_its_policy(keyword):
         policy=DynamicLossScale(init_scale=START, growth_interval=N, **{keyword: value}))
     updater, said, trajectory = _run(old)
     assert said == [(f"DynamicLossScalingUpdater({keyword}=...) is deprecated and will be "
-                     f"removed in 0.2.0: pass {spelling} instead", __file__)]
+                     f"removed in 0.2.0: pass {spelling} with the scale's other settings in "
+                     f"it (init_scale, growth_factor, growth_interval, growth_mode: its "
+                     f"defaults are not the updater's) instead", __file__)]
     reference, said_new, expected = _run(new)
     assert said_new == []
     _same_runs(trajectory, expected)

@@ -182,7 +182,7 @@ def test_the_objects_read_as_the_settings_are_now():
 
 @pytest.mark.parametrize("setting, value", [
     ("floor_policy", "warn"), ("clip_grad_norm", 1.0), ("scale", 4.0), ("diagnose_after", 3),
-    ("data_feeder", None), ("comm", None)])
+    ("data_feeder", None)])
 def test_every_setting_is_refused_alike_during_update(setting, value):
     net = Net()
     errors = []
@@ -261,3 +261,83 @@ def test_n_assigned_during_update_is_refused_like_every_setting():
     updater = DynamicLossScalingUpdater(net.solver(), net.loss, feeder, N=5)
     updater.update()
     assert updater.N == 5 and len(errors) == 1 and "N = 1 refused during update()" in errors[0]
+
+
+def test_a_setting_that_never_changes_is_refused_alike_inside_and_outside_update():
+    net = Net()
+    errors = []
+
+    def monitor(result):
+        try:
+            updater.comm = None
+        except AttributeError as error:
+            errors.append(str(error))
+
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, monitor=monitor)
+    updater.update()
+    with pytest.raises(AttributeError) as outside:
+        updater.comm = None
+    assert errors == [str(outside.value)]
+    assert "cannot be changed after construction" in errors[0]
+
+
+def test_a_setting_assigned_from_another_thread_during_update_is_refused():
+    import threading
+    net = Net()
+    entered, release, errors = threading.Event(), threading.Event(), []
+
+    def feeder():
+        net.feeder()
+        if not entered.is_set():
+            entered.set()
+            assert release.wait(60)
+
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, feeder, accum_grad=2)
+    worker = threading.Thread(target=updater.update)
+    worker.start()
+    try:
+        assert entered.wait(60)
+        for name, value in [("data_feeder", net.feeder), ("weight_decay", 0.5)]:
+            with pytest.raises(RuntimeError) as refused:
+                setattr(updater, name, value)
+            errors.append(str(refused.value))
+        with pytest.raises(RuntimeError, match=r"load_state_dict\(\) refused: update\(\) is "
+                                               r"running in another thread"):
+            updater.load_state_dict(updater.state_dict())
+    finally:
+        release.set()
+        worker.join(60)
+    assert errors[1] == ("DynamicLossScalingUpdater.weight_decay = 0.5 refused: update() is "
+                         "running in another thread; assign it between update() calls; it "
+                         "takes effect from the next one, from the thread that calls "
+                         "update()")
+    assert updater.data_feeder is feeder and updater.weight_decay is None
+    assert net.calls == 2                       # both micro-batches from the one feeder
+
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_every_option_and_moved_keyword_is_a_setting_of_the_table(cls):
+    from nnabla_mpt import options, settings
+    signature = options.DYNAMIC if cls is DynamicLossScalingUpdater else options.FIXED
+    names = set(signature.options) | set(signature.moved)
+    table = {s.name: s for s in settings.BOTH + (
+        settings.DYNAMIC if cls is DynamicLossScalingUpdater else ())}
+    assert names - {"data_feeder"} <= set(table), sorted(names - set(table))
+    net = Net()
+    updater = cls(net.solver(), net.loss, net.feeder)
+    for name in sorted(names):
+        getattr(updater, name)                         # readable
+        if not table[name].live:
+            with pytest.raises(AttributeError, match=rf"{cls.__name__}\.{name} cannot be "
+                                                     rf"changed after construction"):
+                setattr(updater, name, getattr(updater, name))
+    assert (updater.accelerate_train_mode, updater.total_steps, updater.final_loss) == (
+        None, None, None)
+
+
+def test_the_schedule_s_moved_keywords_read_the_schedule_in_use():
+    from support import make_updater
+    updater, _ = make_updater(mode="fast|step|0.8", total=50)
+    assert (updater.accelerate_train_mode, updater.total_steps, updater.final_loss) == (
+        "fast|step|0.8", 50, None)

@@ -91,7 +91,9 @@ def gradient_dtypes(loss, params: Mapping) -> Dict[str, str]:
 
 def gradient_precision(loss, params: Mapping) -> str:
     """``"half"`` when the graph of ``loss`` computes some parameter's gradient in float16
-    (:func:`gradient_dtypes`), else ``"float"``."""
+    (:func:`gradient_dtypes`) or the loss itself in float16, else ``"float"``."""
+    if precision_of(loss) == "half":
+        return "half"
     return "half" if "float16" in gradient_dtypes(loss, params).values() else "float"
 
 

@@ -64,7 +64,8 @@ class StepAgreement:
         check_after: The check of the reduced gradients, or None for ``check``: in the
             saturation mode, where the reduction cannot saturate (it does not sum in
             float16), the inf/NaN check: finite sums are no saturated values, and sums
-            written back into float16 arrays overflow to inf, which it sees.
+            written back into float16 arrays overflow to inf from 65520 on (below, they
+            round to 65504 at most), which it sees.
         batch: The check of a skipped step's batch (:class:`~nnabla_mpt.step.detector.BatchCheck`).
         division: The step's all-reduce averages over the ranks (``average_ranks``).
         in_backward: ``() -> callback`` for the last backward pass of a step, where the
@@ -313,7 +314,7 @@ def warn_device_mismatch(comm, loss: "nn.Variable") -> None:
     """Warns once per updater where the loss and ``comm`` live on different devices
     (:func:`device_mismatch`)."""
     parent = loss.parent
-    if parent is None:
+    if parent is None or isinstance(comm, MPICommunicator):     # a CPU one: no device
         return
     why = device_mismatch(graph.extension_of(loss), parent.context.device_id,
                           getattr(comm, "local_rank", None))

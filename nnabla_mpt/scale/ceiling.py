@@ -27,42 +27,61 @@ class GrowthLimit:
         policy: The dynamic policy (its ``growth_factor`` and ``max_scale``).
         dtype: The loss's :class:`~nnabla_mpt.core.dtypes.FloatType`, whose largest power
             of two is the ceiling.
+        max_scale: The upper bound the user asked for (the policy's is the smaller of it
+            and the ceiling), or None: where it is no higher than the ceiling, it holds
+            the scale, not the ceiling.
     """
 
-    def __init__(self, policy: Any, dtype: FloatType) -> None:
+    def __init__(self, policy: Any, dtype: FloatType, max_scale: Optional[float] = None
+                 ) -> None:
         self._policy = policy
         self._dtype = dtype
+        self._ceiling_binds = max_scale is None or max_scale > dtype.max_power_of_two
         self.said = False
 
     def held_by(self, before: float, after: float, room: float,
                 free: float) -> Optional[str]:
         """What held the growth point that moved the scale from ``before`` to ``after``,
-        with ``room`` measured (the factor the policy was given) of which the gradients'
-        own reach supports ``free``: ``"ceiling"`` where the scale sits at the loss dtype's
-        largest power of two while the gradients leave room for a growth (said once
-        where they leave :data:`ROOM_WORTH_SAYING` powers of two); ``"gradients"`` where
-        the room allowed no growth; ``"max_scale"`` where the policy's upper bound
-        stopped it short of the room; None where the scale grew as far as the room
-        allows."""
+        with ``room`` measured (the factor the policy was given; ``inf`` where nothing
+        bounds it) of which the gradients' own reach supports ``free``: ``"ceiling"``
+        where the scale sits at the loss dtype's largest power of two, below the bound
+        asked for, while the gradients leave room for a growth (said once where they leave
+        :data:`ROOM_WORTH_SAYING` powers of two); ``"gradients"`` where the room allowed
+        no growth; ``"max_scale"`` where the policy's upper bound stopped it short of the
+        room; None where the scale grew as far as the room allows."""
         factor = self._policy.growth_factor
-        if after >= self._dtype.max_power_of_two and free * before / after >= factor:
-            if free * before / after >= 2.0 ** ROOM_WORTH_SAYING:
-                self._say(after, free * before / after)
+        left = free * before / after
+        if self._ceiling_binds and after >= self._dtype.max_power_of_two and left >= factor:
+            if left >= 2.0 ** ROOM_WORTH_SAYING:
+                self._say(after, left)
             return "ceiling"
-        allowed = math.floor(math.log(room) / math.log(factor)) if room >= factor else 0
-        if allowed == 0:
+        reachable = _reachable(before, room, factor)
+        if reachable <= before:
             return "gradients" if after <= before else None
-        return "max_scale" if after < before * factor ** allowed else None
+        return "max_scale" if after < reachable else None
 
     def _say(self, scale: float, left: float) -> None:
         if self.said:
             return
         self.said = True
+        room = ("room for {} more powers of two".format(math.floor(math.log2(left)))
+                if math.isfinite(left) else "unbounded room (every gradient is zero)")
         logger.warning(
             f"nnabla_mpt: the loss scale is held at {scale:g} by the largest power of two "
             f"the loss's dtype ({self._dtype.name}) holds, not by the gradients, which leave "
-            f"room for {math.floor(math.log2(left))} more powers of two: backward(scale) "
-            f"seeds the pass in the loss's dtype. A loss built in float32 lifts the "
-            f"ceiling: build the network in half and only the loss under a float context "
-            f"(F.identity(logits), then the loss); the gradients stay float16 and bounded "
-            f"by it (see the measured-scaling page)")
+            f"{room}: backward(scale) seeds the pass in the loss's dtype. A loss built in "
+            f"float32 lifts the ceiling: build the network in half and only the loss under "
+            f"a float context (F.identity(logits), then the loss); the gradients stay "
+            f"float16 and bounded by it (see the measured-scaling page)")
+
+
+def _reachable(before: float, room: float, factor: float) -> float:
+    """The scale ``room`` allows from ``before``: ``before * factor**k``, the largest
+    ``k >= 0`` with ``factor**(k + 1) <= room`` counted as the policy counts it (``inf``
+    where the room is)."""
+    if math.isinf(room):
+        return math.inf
+    k = 0
+    while factor ** (k + 1) <= room:
+        k += 1
+    return before * factor ** k

@@ -138,6 +138,8 @@ class ScaleMeter:
             gradients of a dtype in (that of the communicator's reduction for nnabla's,
             the gradients' own for :class:`~nnabla_mpt.MPICommunicator`), or None where
             no all-reduce follows the backward pass.
+        max_scale: The upper bound of the scale the user asked for, or None
+            (:class:`~nnabla_mpt.scale.ceiling.GrowthLimit`).
 
     The parameters' gradients are bounded by the dtype they can overflow in, not by the
     dtype their arrays hold when read (a solver or a float communicator may have cast
@@ -152,8 +154,8 @@ class ScaleMeter:
 
     def __init__(self, loss: Any, params: Mapping[str, Any], policy: Any,
                  gather: Callable[..., List[List[float]]], stats_every: Optional[int],
-                 calibrate: bool, reduced_dtype: Optional[Callable[[str], str]] = None
-                 ) -> None:
+                 calibrate: bool, reduced_dtype: Optional[Callable[[str], str]] = None,
+                 max_scale: Optional[float] = None) -> None:
         self._loss = loss
         self._params = params
         self._policy = policy
@@ -167,7 +169,7 @@ class ScaleMeter:
         self._own = _by_bound(params, own)
         self._reduced = None if reduced_dtype is None else _by_bound(
             params, {name: reduced_dtype(dtype) for name, dtype in own.items()})
-        self.limit = GrowthLimit(policy, graph.float_type_of(loss))
+        self.limit = GrowthLimit(policy, graph.float_type_of(loss), max_scale)
         self.auto_scale = calibrate
         self.calibration_pending = calibrate
         self.history = ScaleHistory()

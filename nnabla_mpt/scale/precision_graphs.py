@@ -46,9 +46,9 @@ def _high_precision_loss(high: Any, mode: str,
                          f"same network's loss built under the full-precision context "
                          f"(PrecisionSchedule({mode!r}, ..., high_precision_loss=...))")
     high = computed_loss(high, "high_precision_loss")
-    if graph.precision_of(high) != "float":
+    if graph.gradient_precision(high, params) != "float":
         raise ValueError("high_precision_loss must be built under a float context "
-                         "(type_config='float'); the given one runs in half")
+                         "(type_config='float'); the given one computes in half")
     used = graph.graph_inputs(high)
     missing = sorted(name for name, v in params.items() if v not in used)
     if missing:

@@ -80,7 +80,8 @@ def first_call_checked(updater: Any, feeder: Callable[[], Any],
 
 class StaleInputs:
     """Without a data feeder, the check that the script writes the inputs itself: the
-    graph's data inputs are read at the first two steps (only there: no cost later) and,
+    graph's data inputs are read at the first two ``update()`` calls (only there: no cost
+    later) and,
     where every one held the same values at both, a warning names them once: every step
     would train on the same batch.
 
@@ -92,13 +93,16 @@ class StaleInputs:
     def __init__(self, inputs: List[Any]) -> None:
         self._inputs = inputs
         self._first: Optional[List[Any]] = None
+        self.calls = 0
 
-    def look(self, step: int) -> None:
-        """Reads the inputs before step ``step`` runs (0 and 1; later steps return)."""
-        if step > 1 or not self._inputs:
+    def look(self) -> None:
+        """Reads the inputs before an ``update()`` runs (the first two; later ones
+        return)."""
+        self.calls += 1
+        if self.calls > 2 or not self._inputs:
             return
         values = [np.array(v.d, copy=True) for v in self._inputs]
-        if step == 0 or self._first is None:
+        if self._first is None:
             self._first = values
             return
         same = all(a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
@@ -108,7 +112,8 @@ class StaleInputs:
             names = ", ".join(f"{v.name!r}" if v.name else f"#{i} of shape {tuple(v.shape)}"
                               for i, v in enumerate(self._inputs))
             logger.warning(f"nnabla_mpt: no data_feeder, and the inputs of the loss's graph "
-                           f"({names}) hold the same values at steps 0 and 1: every step "
+                           f"({names}) hold the same values at the first two update() "
+                           f"calls: every step "
                            f"trains on the same batch. Pass data_feeder=..., a function of no "
                            f"arguments that writes the next batch (x.d = ...), or write the "
                            f"inputs before each update()")

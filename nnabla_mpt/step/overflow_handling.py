@@ -25,8 +25,9 @@ class OverflowHandling:
             ``"saturation"``: a gradient at the float16 limits (``±65504``) counts too,
             for hardware that saturates instead of overflowing (see
             :class:`~nnabla_mpt.OverflowDetector`).
-        max_retries: Retry mode: after a skipped step, run up to this many more steps on
-            new batches within the same ``update()`` call. 0 (default) returns the skipped
+        max_retries: Retry mode: after a skipped step, run up to this many more steps
+            within the same ``update()`` call, each on the batch the data feeder gives it
+            (without a feeder, the same one). 0 (default) returns the skipped
             step. Needs the overflow check (``enable_overflow_check=True``).
         floor_policy: What to do when the loss scale collapses, i.e. when the overflow
             streak reaches ``diagnose_after`` or a step overflows at ``min_scale`` (a fixed

@@ -98,3 +98,41 @@ def test_what_held_the_scale_is_said_once_when_the_ceiling_holds_it(loss_in, cap
     else:
         assert said == [] and "ceiling" not in held.values()
         assert set(held.values()) <= {"gradients"}
+
+
+def test_a_growth_point_with_unbounded_room_is_held_by_the_ceiling_without_failing(caplog):
+    # every gradient is zero (x = 0, the targets equal to the bias): nothing bounds the
+    # room, the scale grows to the float16 ceiling at once and stays there
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from support import Net
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net("half", scope="unbounded")
+
+    def feed():
+        net.x.d = 0.0
+        net.t.d = np.broadcast_to(net.params["out/affine/b"].d, net.t.shape)
+
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, feed, scale=2.0 ** 12, N=1,
+                                        growth_mode="measured")
+    results = [updater.update() for _ in range(3)]
+    assert [(r.skipped, r.next_scale, r.held_by) for r in results] == [
+        (False, 2.0 ** 15, "ceiling")] * 3
+    said = [r.getMessage() for r in caplog.records if "held at" in r.getMessage()]
+    assert len(said) == 1 and "leave unbounded room (every gradient is zero)" in said[0]
+
+
+def test_a_max_scale_asked_for_at_the_ceiling_holds_the_scale_not_the_ceiling(caplog):
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    from nnabla_mpt import DynamicLossScale
+    import nnabla_mpt.scale.ceiling as ceiling
+    from nnabla_mpt.core.dtypes import float_type
+    policy = DynamicLossScale(init_scale=2.0 ** 15, max_scale=2.0 ** 15,
+                              growth_mode="measured")
+    asked = ceiling.GrowthLimit(policy, float_type("float16"), max_scale=2.0 ** 15)
+    free = ceiling.GrowthLimit(policy, float_type("float16"), max_scale=2.0 ** 24)
+    assert asked.held_by(2.0 ** 15, 2.0 ** 15, 64.0, 64.0) == "max_scale"
+    assert free.held_by(2.0 ** 15, 2.0 ** 15, 64.0, 64.0) == "ceiling"
+    # just below a power of two the growth counted is the policy's (2**3 > 7.999...)
+    assert free.held_by(1024.0, 4096.0, 7.999999999999999, 1.0) is None

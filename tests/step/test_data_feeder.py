@@ -102,8 +102,8 @@ def test_inputs_nobody_writes_are_named_once(caplog, cls):
     assert not any(r.skipped for r in results)
     warned = _stale_warnings(caplog)
     assert warned == ["nnabla_mpt: no data_feeder, and the inputs of the loss's graph (#0 of "
-                      "shape (4, 3), #1 of shape (4, 2)) hold the same values at steps 0 and "
-                      "1: every step trains on the same batch. Pass data_feeder=..., a "
+                      "shape (4, 3), #1 of shape (4, 2)) hold the same values at the first "
+                      "two update() calls: every step trains on the same batch. Pass data_feeder=..., a "
                       "function of no arguments that writes the next batch (x.d = ...), or "
                       "write the inputs before each update()"]
 
