@@ -245,7 +245,8 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.
                 this one (a monitor hook or data feeder calling it): one step at a time. Or
                 ``comm`` has an all-reduce armed by a script's ``all_reduce_callback()``.
         """
-        with self.between_steps(f"{type(self).__name__}.update()"):
+        self.enter("update()")
+        try:
             if self._comm is not None:
                 agreement.check_not_armed(self._comm)
             if self._feed is None:
@@ -254,6 +255,8 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.
             while result.skipped and result.attempts <= self._max_retries:
                 result = self._step(result.attempts + 1)
             return result
+        finally:
+            self.leave()
 
     def _step(self, attempts: int) -> StepResult:
         index = self._steps
