@@ -323,20 +323,22 @@ class ReferenceStep:
         return result, scaled and not (result.skipped and (bad_any > 0 or loss_bad_any > 0))
 
     def _overflow(self, own, summed) -> bool:
-        """inf/NaN in the summed gradients; in saturation mode also ``|g| >= 65504`` in
-        them or in any rank's own gradients (each rank checks its own before the sum)."""
+        """inf/NaN in the summed gradients; in saturation mode also ``|g| >= 65504`` in any
+        rank's own gradients (each rank checks its own before the sum), and in the sums of
+        a single process (which are its own): the communicator here (MPI) sums in float32,
+        which cannot saturate, so its sums are checked for inf/NaN only."""
         if self.opts.get("enable_overflow_check", True) is False:
             return False
         saturation = self.opts.get("overflow_mode") == "saturation"
 
-        def over(grads) -> bool:
+        def over(grads, saturated: bool) -> bool:
             return any(not np.isfinite(g).all()
-                       or (saturation and np.abs(g).max() >= FLOAT16_MAX)
+                       or (saturated and np.abs(g).max() >= FLOAT16_MAX)
                        for g in grads.values() if g.size)
 
-        if over(summed):
+        if over(summed, saturation and self.comm is None):
             return True
-        return saturation and self._sum([float(over(own))])[0] > 0
+        return saturation and self._sum([float(over(own, True))])[0] > 0
 
     def _unscaled(self, summed, scale: float, dtype):
         """Unscaled, averaged and clipped gradients; None when the clip's norm is not
