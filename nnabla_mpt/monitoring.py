@@ -6,7 +6,8 @@ argument is a hook. This module offers two that summarise the steps every ``inte
 
 * :class:`LossScaleCallback` calls a function of yours with a :class:`LossScaleStats`.
 * :class:`LossScaleMonitor` writes the loss scale, the skipped steps and the overflow rate
-  as ``nnabla.monitor.MonitorSeries`` files.
+  as ``nnabla.monitor.MonitorSeries`` files (``python -m nnabla_mpt.report`` reads them
+  back into a summary and a figure).
 
 Windows follow the updater's step index: a summary is made after every step whose index
 ``i`` satisfies ``(i + 1) % interval == 0``, so summaries land on the same steps whether the
@@ -26,7 +27,7 @@ Example:
 """
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .core import _validate as check
 
@@ -188,51 +189,48 @@ class LossScaleMonitor(LossScaleCallback):
         interval: Steps per window; ``>= 1``.
         prefix: Start of the series names; a non-empty file name without path separators.
         verbose: Also log every value with nnabla's logger (``MonitorSeries(verbose=...)``).
+        append: Add to the lines the files hold, for a run resumed from a checkpoint in a
+            new process: the series go on in the same files (a line the earlier process
+            left half written is dropped; an index written again counts with its last
+            value in ``python -m nnabla_mpt.report``). By default the files start empty, as
+            every ``MonitorSeries``'s do.
 
     Raises:
         TypeError, ValueError: an argument is not valid; the message names it.
     """
 
     def __init__(self, monitor: Any, interval: int = 100, prefix: str = "loss-scale",
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, *, append: bool = False) -> None:
         from nnabla.monitor import Monitor
 
         if not isinstance(monitor, Monitor):
             raise TypeError(f"monitor must be an nnabla.monitor.Monitor, got {monitor!r} of "
                             f"type {type(monitor).__name__}")
-        if not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str, got {prefix!r} of type "
-                            f"{type(prefix).__name__}")
-        if not prefix.strip() or "/" in prefix or os.sep in prefix:
-            raise ValueError(f"prefix must be a non-empty file name without path separators, "
-                             f"got {prefix!r}")
         verbose = check.boolean("verbose", verbose)
         super().__init__(self._write, interval)
         self.monitor = monitor
-        self.prefix = prefix
+        self.prefix = checked_prefix(prefix)
         self._verbose = verbose
+        self.append = check.boolean("append", append)
         self.series = {}
         for key in ("scale", "skipped-steps", "overflow-rate"):
             self._add_series(key)
 
     def _add_series(self, key: str) -> Any:
         from nnabla.monitor import MonitorSeries
-        self.series[key] = MonitorSeries(f"{self.prefix}-{key}", self.monitor, interval=1,
-                                         verbose=self._verbose)
-        return self.series[key]
+        name = f"{self.prefix}-{key}"
+        if not self.append:
+            series = MonitorSeries(name, self.monitor, interval=1, verbose=self._verbose)
+        else:       # given the monitor, MonitorSeries empties the file: given the path only
+            series = MonitorSeries(name, None, interval=1, verbose=self._verbose)
+            series.sp = os.path.join(self.monitor.save_path,
+                                     name.replace(" ", "-") + ".series.txt")
+            drop_partial_line(series.sp)
+        self.series[key] = series
+        return series
 
     def _write(self, stats: LossScaleStats) -> None:
-        values = [("scale", stats.scale), ("skipped-steps", stats.total_skipped),
-                  ("overflow-rate", stats.overflow_rate)]
-        if stats.gradient_stats:
-            from .scale.gradient_stats import overall
-            together = overall(stats.gradient_stats)
-            values += [("gradient-zero-fraction", together.zero_fraction),
-                       ("gradient-subnormal-fraction", together.subnormal_fraction),
-                       ("gradient-headroom", together.headroom)]
-        if stats.held_by_ceiling or "growth-held-by-ceiling" in self.series:
-            values.append(("growth-held-by-ceiling", stats.held_by_ceiling))
-        for key, value in values:
+        for key, value in series_values(stats, "growth-held-by-ceiling" in self.series):
             # the gradient and ceiling series appear with their first values
             series = self.series.get(key) or self._add_series(key)
             # After a rewind the index may repeat; MonitorSeries would otherwise hold it back.
@@ -241,7 +239,48 @@ class LossScaleMonitor(LossScaleCallback):
 
     def __repr__(self) -> str:
         return (f"LossScaleMonitor(monitor=Monitor({self.monitor.save_path!r}), "
-                f"interval={self.interval}, prefix={self.prefix!r})")
+                f"interval={self.interval}, prefix={self.prefix!r}"
+                + (", append=True)" if self.append else ")"))
+
+
+def drop_partial_line(path: str) -> None:
+    """Cuts a last line without its newline (half written when a run stopped) off the file
+    at ``path``, if there is one."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def series_values(stats: LossScaleStats, ceiling_seen: bool) -> List[Tuple[str, float]]:
+    """``(key, value)`` of each series a window writes: the scale, the skipped steps and
+    the overflow rate; the gradient statistics over all the parameters when the window
+    carried some; the growth points held by the ceiling from the first (``ceiling_seen``:
+    a window before this one had some)."""
+    values = [("scale", stats.scale), ("skipped-steps", stats.total_skipped),
+              ("overflow-rate", stats.overflow_rate)]
+    if stats.gradient_stats:
+        from .scale.gradient_stats import overall
+        together = overall(stats.gradient_stats)
+        values += [("gradient-zero-fraction", together.zero_fraction),
+                   ("gradient-subnormal-fraction", together.subnormal_fraction),
+                   ("gradient-headroom", together.headroom)]
+    if stats.held_by_ceiling or ceiling_seen:
+        values.append(("growth-held-by-ceiling", stats.held_by_ceiling))
+    return values
+
+
+def checked_prefix(prefix: Any) -> str:
+    """The ``prefix`` option checked: a non-empty file name without path separators."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {prefix!r} of type "
+                        f"{type(prefix).__name__}")
+    if not prefix.strip() or "/" in prefix or os.sep in prefix:
+        raise ValueError(f"prefix must be a non-empty file name without path separators, "
+                         f"got {prefix!r}")
+    return prefix
 
 
 def checked_step_hook(name: str, monitor: Any) -> Any:
