@@ -33,6 +33,7 @@ _LAZY = {
     "LossScaleCallback": "monitoring",
     "LossScaleMonitor": "monitoring",
     "LossScaleStats": "monitoring",
+    "LossScaleTensorBoard": "monitoring",
     "LossScaleReport": "report.run_report",
     "read_report": "report.run_report",
 }

@@ -2,19 +2,22 @@
 
 An updater created with ``monitor=hook`` calls ``hook(result)`` once per step, after the step
 is complete, with the step's :class:`~nnabla_mpt.StepResult`. Any callable taking one
-argument is a hook. This module offers two that summarise the steps every ``interval`` steps:
+argument is a hook. This module offers three that summarise the steps every ``interval``
+steps:
 
 * :class:`LossScaleCallback` calls a function of yours with a :class:`LossScaleStats`.
 * :class:`LossScaleMonitor` writes the loss scale, the skipped steps and the overflow rate
   as ``nnabla.monitor.MonitorSeries`` files (``python -m nnabla_mpt.report`` reads them
   back into a summary and a figure).
+* :class:`LossScaleTensorBoard` writes the same series as TensorBoard scalars.
 
 Windows follow the updater's step index: a summary is made after every step whose index
 ``i`` satisfies ``(i + 1) % interval == 0``, so summaries land on the same steps whether the
 run is fresh or resumed from a checkpoint. :meth:`LossScaleCallback.flush` summarises the
 steps of an unfinished window, for the end of a run.
 
-This module does not import nnabla until a :class:`LossScaleMonitor` is created.
+This module does not import nnabla until a :class:`LossScaleMonitor` is created, nor
+tensorboardX until a :class:`LossScaleTensorBoard` is.
 
 Example:
     >>> from nnabla_mpt import LossScaleCallback, StepResult
@@ -25,11 +28,15 @@ Example:
     >>> seen[0].step, seen[0].skipped, seen[0].overflow_rate, seen[0].scale
     (1, 1, 0.5, 512.0)
 """
+import itertools
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .core import _validate as check
+
+#: Numbers the event files of the process's LossScaleTensorBoard writers.
+_WRITERS = itertools.count(1)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .scale.gradient_stats import GradientStats
@@ -252,6 +259,102 @@ def drop_partial_line(path: str) -> None:
         data = f.read()
         if data and not data.endswith(b"\n"):
             f.truncate(data.rfind(b"\n") + 1)
+
+
+class LossScaleTensorBoard(LossScaleCallback):
+    """A step hook writing the loss-scale series as TensorBoard scalars (with tensorboardX).
+
+    Every ``interval`` steps it adds the scalars ``<prefix>/<key>`` of the series a
+    :class:`LossScaleMonitor` writes (``scale``, ``skipped-steps``, ``overflow-rate``, and
+    where the window has them ``gradient-zero-fraction``, ``gradient-subnormal-fraction``,
+    ``gradient-headroom`` and ``growth-held-by-ceiling``), at ``global_step`` the index the
+    monitor writes: the window's last step. With gradient statistics, each parameter's too,
+    grouped by parameter: ``<prefix>/gradients/<parameter>/zero-fraction``,
+    ``.../subnormal-fraction`` and ``.../headroom``.
+
+    Given a directory, the hook makes its ``tensorboardX.SummaryWriter`` at the first step
+    it sees, with ``purge_step`` that step, and a new one after a rewind (a checkpoint of an
+    earlier step loaded): TensorBoard drops the points from that step on that the files
+    held, and the curves of a resumed run go on from where it resumed. Given a writer, the
+    hook writes with it; when you resume, make it with ``purge_step=`` the first step.
+
+    Args:
+        logdir: A directory (a str or a path), or a ``tensorboardX.SummaryWriter`` (any
+            object with ``add_scalar(tag, value, global_step=...)``).
+        interval: Steps per window; ``>= 1``.
+        prefix: Start of the tags; a non-empty name without path separators.
+
+    Raises:
+        ImportError: tensorboardX is not installed; the message says how to install it.
+        TypeError, ValueError: an argument is not valid; the message names it.
+    """
+
+    def __init__(self, logdir: Any, interval: int = 100, prefix: str = "loss-scale") -> None:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError as err:
+            raise ImportError("LossScaleTensorBoard writes with tensorboardX, which is not "
+                              "installed: pip install tensorboardX (from a checkout of "
+                              "nnabla_mpt: pip install \".[tensorboard]\")") from err
+        if isinstance(logdir, (str, os.PathLike)):
+            self.logdir, self.writer = os.fspath(logdir), None
+        elif callable(getattr(logdir, "add_scalar", None)):
+            self.logdir, self.writer = None, logdir
+        else:
+            raise TypeError(f"logdir must be a directory or a tensorboardX.SummaryWriter, got "
+                            f"{logdir!r} of type {type(logdir).__name__}")
+        super().__init__(self._write, interval)
+        self.prefix = checked_prefix(prefix)
+        self._ceiling_seen = False
+
+    def __call__(self, result: "StepResult") -> None:
+        """Counts one step (a writer of its own made at the first step and after a rewind);
+        at the end of a window, writes its scalars."""
+        rewound = self._last is not None and result.step <= self._last.step
+        if self.logdir is not None and (self.writer is None or rewound):
+            self._open(result.step)
+        super().__call__(result)
+
+    def _open(self, step: int) -> None:
+        from tensorboardX import SummaryWriter
+
+        if self.writer is not None:
+            self.writer.close()
+        # A file name of its own, in the order written: two writers of one second share one.
+        self.writer = SummaryWriter(self.logdir, purge_step=step,
+                                    filename_suffix=f".{os.getpid()}.{next(_WRITERS):06d}")
+
+    def _write(self, stats: LossScaleStats) -> None:
+        add = self.writer.add_scalar
+        for key, value in series_values(stats, self._ceiling_seen):
+            add(f"{self.prefix}/{key}", value, global_step=stats.step)
+        self._ceiling_seen = self._ceiling_seen or stats.held_by_ceiling > 0
+        for name, s in (stats.gradient_stats or {}).items():
+            for key, value in (("zero-fraction", s.zero_fraction),
+                               ("subnormal-fraction", s.subnormal_fraction),
+                               ("headroom", s.headroom)):
+                add(f"{self.prefix}/gradients/{name}/{key}", value, global_step=stats.step)
+
+    def flush(self) -> Optional[LossScaleStats]:
+        """Summarises the unfinished window, as :meth:`LossScaleCallback.flush`, and writes
+        what the writer holds to its file."""
+        stats = super().flush()
+        if self.writer is not None and hasattr(self.writer, "flush"):
+            self.writer.flush()
+        return stats
+
+    def close(self) -> Optional[LossScaleStats]:
+        """:meth:`flush`, then closes the writer the hook made (not one given to it)."""
+        stats = self.flush()
+        if self.logdir is not None and self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        return stats
+
+    def __repr__(self) -> str:
+        where = self.logdir if self.logdir is not None else self.writer
+        return (f"LossScaleTensorBoard({where!r}, interval={self.interval}, "
+                f"prefix={self.prefix!r})")
 
 
 def series_values(stats: LossScaleStats, ceiling_seen: bool) -> List[Tuple[str, float]]:

@@ -202,5 +202,5 @@ def test_streak_bounds(steps, skipped, expected):
 
 def test_the_report_is_a_public_name():
     import nnabla_mpt
-    assert {"read_report", "LossScaleReport"} <= set(nnabla_mpt.__all__)
+    assert {"read_report", "LossScaleReport", "LossScaleTensorBoard"} <= set(nnabla_mpt.__all__)
     assert nnabla_mpt.LossScaleReport is LossScaleReport
