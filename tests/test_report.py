@@ -116,10 +116,10 @@ def test_growth_held_by_the_ceiling_is_counted_from_its_series(tmp_path):
 
 @pytest.mark.parametrize("how", ["same hook", "new hook, append=True"])
 def test_a_run_resumed_from_a_checkpoint_continues_its_series(tmp_path, how):
-    """Train to step 19, save a checkpoint, go on to step 31 (lines at 24 and 29 written),
-    then resume from the checkpoint in a new updater into the same files and train to step
-    44: the resumed run writes 24 and 29 again, and the report reads what the run that
-    went on did."""
+    """Train to step 19, save a checkpoint, go on to step 31 (lines at 24 and 29 written;
+    every step skipped), then resume from the checkpoint in a new updater into the same
+    files and train to step 44: the resumed run writes 24 and 29 again, and the report
+    reads what the run that went on did."""
     monitor = tmp_path / "monitor"
     net = Net("half")
     net.large = set(LARGE)
@@ -127,7 +127,10 @@ def test_a_run_resumed_from_a_checkpoint_continues_its_series(tmp_path, how):
     first = fp16_updater(net, hook, gradient_stats_every=5)
     history = [first.update() for _ in range(20)]
     first.save_checkpoint(str(tmp_path / "checkpoint.npz"))
+    net.bad = set(range(20, 32))            # steps the resumed run replaces: inf in the batch
     lost = [first.update() for _ in range(12)]
+    net.bad = set()
+    assert all(r.skipped for r in lost)
     if how != "same hook":
         hook = LossScaleMonitor(Monitor(str(monitor)), interval=5, append=True)
     resumed = fp16_updater(net, hook, gradient_stats_every=5)

@@ -109,8 +109,10 @@ def test_a_resumed_run_continues_its_curves(tmp_path, how):
     for _ in range(20):
         first.update()
     first.save_checkpoint(checkpoint)
+    net.bad = set(range(20, 32))
     for _ in range(12):
-        first.update()              # steps 20-31: lines at 24 and 29, replaced below
+        first.update()              # steps 20-31, all skipped: lines at 24 and 29, replaced
+    net.bad = set()
     if how == "new hook":
         hooks[1].close()
         hooks[:] = [LossScaleMonitor(Monitor(str(tmp_path / "monitor")), interval=5,
