@@ -31,6 +31,8 @@ setup(
         "demo": ["scikit-learn", "matplotlib", "tqdm"],
         "test": ["pytest>=7", "hypothesis>=6"],
         "docs": ["sphinx>=5"],
+        "plot": ["matplotlib"],
+        "tensorboard": ["tensorboardX"],
     },
     license="Apache-2.0",
 )

@@ -88,11 +88,9 @@ import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 from nnabla.logger import logger
 
-from nnabla_mpt import FP16_MAX, DynamicLossScalingUpdater, PrecisionSchedule
+from nnabla_mpt import DynamicLossScalingUpdater, PrecisionSchedule
+from nnabla_mpt.report.figure import Curve, GradientPoints, RunPicture, draw
 from nnabla_mpt.scale.gradient_stats import overall
-
-#: The largest power of two float16 holds: a float16 loss cannot seed a larger scale.
-FP16_SEED_CEILING = 2.0 ** 15
 
 
 # --------------------------------------------------------------------------- data
@@ -466,149 +464,50 @@ def gradient_summary(history, every):
             "last_fp16": with_parameters(half[-1]) if half else None}
 
 
-def smooth(values, window):
-    """Trailing moving average (same length as ``values``)."""
-    values = np.asarray(values, dtype=np.float64)
-    window = max(1, min(window, len(values)))
-    csum = np.cumsum(np.insert(values, 0, 0.0))
-    out = np.empty_like(values)
-    out[window - 1:] = (csum[window:] - csum[:-window]) / window
-    out[:window - 1] = csum[1:window] / np.arange(1, window)
-    return out
+def gradient_points(records):
+    """The overall gradient statistics of ``records`` (see :func:`record_step`) as the
+    figure's ``GradientPoints``, or None when there are none."""
+    if not records:
+        return None
+    column = lambda key: np.array([r["overall"][key] for r in records], dtype=np.float64)
+    return GradientPoints(steps=np.array([r["step"] for r in records]),
+                          zero_fraction=column("zero_fraction"),
+                          subnormal_fraction=column("subnormal_fraction"),
+                          headroom=column("headroom"))
 
 
-def plot_loss(ax, steps, fp16, ref, skipped, switch=None):
-    """Panel 1: the training loss of both runs, raw and smoothed, skipped steps marked,
-    and a precision schedule's switch to float32."""
-    window = max(1, len(steps) // 50)
-    ax.plot(steps, fp16["loss"], color="tab:blue", alpha=0.25, lw=0.8)
-    ax.plot(steps, ref["loss"], color="tab:orange", alpha=0.25, lw=0.8)
-    ax.plot(steps, smooth(fp16["loss"], window), color="tab:blue",
-            label="fp16 + dynamic loss scaling")
-    ax.plot(steps, smooth(ref["loss"], window), color="tab:orange", label="float")
-    ax.scatter(steps[skipped], np.asarray(fp16["loss"])[skipped], marker="x",
-               color="tab:red", zorder=3, label="skipped step (fp16)")
-    mark_switch(ax, switch, label=True)
-    ax.set_yscale("log")
-    ax.set_ylabel("training loss per example")
-    ax.legend(loc="upper right")
-    ax.grid(True, which="both", alpha=0.3)
-
-
-def mark_switch(ax, switch, label=False):
-    """A precision schedule's switch to float32: a vertical line at its first float32
-    step (labelled in the legend when ``label``)."""
+def picture(fp16, ref, title):
+    """What the figure shows of the run, a point per step: the loss of both runs, the
+    scale (none after a precision schedule's switch: it ends there), the skipped steps,
+    the growth points that held (by the gradients, or by the fp16 seed's ceiling) and the
+    gradient statistics (those of float32 steps after a switch apart)."""
+    steps = np.arange(len(fp16["loss"]))
+    switch = switch_step(fp16)
+    scale = np.asarray(fp16["scale"], dtype=np.float64).copy()
     if switch is not None:
-        ax.axvline(switch, color="black", ls="-.", lw=1.2,
-                   label="switch to float32 (step {})".format(switch) if label else None)
-
-
-def plot_scale(ax, steps, fp16, skipped, switch):
-    """Panel 2: the loss scale (log2 y), overflows and growth points that held marked, and
-    the two ceilings: the largest float16 number and the largest scale a float16 loss can
-    seed. After a precision schedule's switch no scale is used: the line ends there."""
-    scale = np.asarray(fp16["scale"], dtype=np.float64)
-    growth = growth_summary(fp16)
-    by_ceiling = np.array(growth["held_by_ceiling"], dtype=np.int64)
-    held = np.array(sorted(set(growth["held_at"]) - set(growth["held_by_ceiling"])),
-                    dtype=np.int64)
-    if switch is not None:
-        scale = scale.copy()
         scale[switch:] = np.nan            # float32 steps: no loss scale (reported as 1)
-        ax.axvspan(switch, steps[-1] + 1, color="gray", alpha=0.12, lw=0)
-        ax.text(switch + 0.01 * len(steps), 0.5, "float32:\nno loss scale used",
-                fontsize="small", va="center", transform=ax.get_xaxis_transform())
-    ax.step(steps, scale, where="post", color="tab:green", label="loss scale used")
-    ax.scatter(steps[skipped], scale[skipped], marker="x", color="tab:red", zorder=3,
-               label="overflow: step skipped")
-    if len(held):
-        ax.scatter(held, scale[held], marker="o", facecolors="none", color="tab:gray",
-                   zorder=3, label="growth due, held by the gradients"
-                   if len(by_ceiling) else "growth due, scale held")
-    if len(by_ceiling):
-        ax.scatter(by_ceiling, scale[by_ceiling], marker="s", facecolors="none",
-                   color="tab:olive", zorder=3,
-                   label="growth due, held by the fp16 seed's ceiling")
-    ax.axhline(FP16_MAX, color="gray", ls="--", lw=0.8, label="largest fp16 number (65504)")
-    ax.axhline(FP16_SEED_CEILING, color="tab:olive", ls=":", lw=1.2,
-               label="largest scale an fp16 loss can seed (2**15 = 32768)")
-    mark_switch(ax, switch, label=True)
-    ax.set_yscale("log", base=2)
-    ax.set_ylabel("loss scale")
-    ax.legend(loc="best", fontsize="small")
-    ax.grid(True, which="both", alpha=0.3)
-
-
-def plot_gradients(ax, fp16, switch):
-    """Panel 3: zero and subnormal fractions of all gradients (left, %, symlog) and the
-    smallest headroom over the parameters (right, powers of two), at each statistics
-    step. An infinite headroom (all gradients zero, or inf/NaN on a skipped step) is left
-    out. After a precision schedule's switch the gradients are float32: their fractions
-    are drawn apart (hollow), their headroom (to float32's largest value) is not drawn."""
-    from matplotlib.ticker import MaxNLocator
-
-    records = [r for r in fp16["gradient_stats"] if r.get("precision", "half") == "half"]
-    after = [r for r in fp16["gradient_stats"] if r.get("precision", "half") == "float"]
-    ax.set_ylabel("fp16 gradient values (%)" if not after else "gradient values (%)")
-    ax.grid(True, which="both", alpha=0.3)
-    mark_switch(ax, switch)
-    if not records and not after:
-        ax.text(0.5, 0.5, "no gradient statistics (fewer steps than --stats-every)",
-                ha="center", va="center", transform=ax.transAxes)
-        return
-    at = [r["step"] for r in records]
-    zero = [100 * r["overall"]["zero_fraction"] for r in records]
-    subnormal = [100 * r["overall"]["subnormal_fraction"] for r in records]
-    room = np.array([r["overall"]["headroom"] for r in records], dtype=np.float64)
-    room[~np.isfinite(room)] = np.nan
-    fp16_label = ", fp16" if after else ""
-    lines = ax.plot(at, zero, "o-", color="tab:purple", ms=3, label="zero (%)" + fp16_label)
-    lines += ax.plot(at, subnormal, "s-", color="tab:brown", ms=3,
-                     label="subnormal (%)" + fp16_label)
-    if after:
-        at_after = [r["step"] for r in after]
-        lines += ax.plot(at_after, [100 * r["overall"]["zero_fraction"] for r in after],
-                         "o:", ms=4, color="tab:purple", mfc="none",
-                         label="zero (%), float32 after the switch")
-        lines += ax.plot(at_after, [100 * r["overall"]["subnormal_fraction"] for r in after],
-                         "s:", ms=4, color="tab:brown", mfc="none",
-                         label="subnormal (%), float32 after the switch")
-        ax.text(0.99, 0.04, "float32 headroom (to float32's largest value) not drawn: "
-                "last {:g}".format(after[-1]["overall"]["headroom"]),
-                transform=ax.transAxes, ha="right", fontsize="small")
-    ax.set_yscale("symlog", linthresh=0.01)
-    ax.set_ylim(0, 100)
-    twin = ax.twinx()
-    lines += twin.plot(at, room, "^--", color="tab:cyan", ms=4,
-                       label="headroom: smallest over the parameters" + fp16_label)
-    twin.set_ylabel("headroom (powers of 2)")
-    twin.yaxis.set_major_locator(MaxNLocator(integer=True))
-    if np.isfinite(room).any():
-        twin.set_ylim(min(0, np.nanmin(room)) - 0.5, np.nanmax(room) + 1.5)
-    ax.legend(lines, [line.get_label() for line in lines], loc="lower center",
-              bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize="small", frameon=False)
+    growth = growth_summary(fp16)
+    records = fp16["gradient_stats"]
+    half = [r for r in records if r.get("precision", "half") == "half"]
+    after = [r for r in records if r.get("precision", "half") == "float"]
+    return RunPicture(
+        title=title, steps=steps, scale=scale, switch=switch, dtype="fp16",
+        skipped=steps[np.array(fp16["skipped"], dtype=bool)],
+        held=np.array(sorted(set(growth["held_at"]) - set(growth["held_by_ceiling"])),
+                      dtype=np.int64),
+        held_by_ceiling=np.array(growth["held_by_ceiling"], dtype=np.int64),
+        losses=(Curve("fp16 + dynamic loss scaling", steps, np.asarray(fp16["loss"]),
+                      "tab:blue"),
+                Curve("float", steps, np.asarray(ref["loss"]), "tab:orange")),
+        gradients=gradient_points(half) or GradientPoints(*(np.zeros(0),) * 4),
+        float32_gradients=gradient_points(after))
 
 
 def plot(path, fp16, ref, title):
-    """Three panels over the steps: the loss (fp16 and float), the loss scale (log y) and
-    the fp16 gradient statistics."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = np.arange(len(fp16["loss"]))
-    skipped = np.array(fp16["skipped"], dtype=bool)
-    switch = switch_step(fp16)
-    fig, (ax_loss, ax_scale, ax_grad) = plt.subplots(
-        3, 1, figsize=(9, 9.5), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]})
-    plot_loss(ax_loss, steps, fp16, ref, skipped, switch)
-    ax_loss.set_title(title)
-    plot_scale(ax_scale, steps, fp16, skipped, switch)
-    plot_gradients(ax_grad, fp16, switch)
-    ax_grad.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """Three panels over the steps, drawn by nnabla_mpt's report (``nnabla_mpt.report``,
+    the figure of ``python -m nnabla_mpt.report``): the loss (fp16 and float), the loss
+    scale (log y) and the fp16 gradient statistics. Returns the figure."""
+    return draw(picture(fp16, ref, title), path)
 
 
 def format_scale(scale):

@@ -33,6 +33,9 @@ _LAZY = {
     "LossScaleCallback": "monitoring",
     "LossScaleMonitor": "monitoring",
     "LossScaleStats": "monitoring",
+    "LossScaleTensorBoard": "monitoring",
+    "LossScaleReport": "report.run_report",
+    "read_report": "report.run_report",
 }
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "FP16_MAX"] + list(_LAZY)

@@ -2,18 +2,22 @@
 
 An updater created with ``monitor=hook`` calls ``hook(result)`` once per step, after the step
 is complete, with the step's :class:`~nnabla_mpt.StepResult`. Any callable taking one
-argument is a hook. This module offers two that summarise the steps every ``interval`` steps:
+argument is a hook. This module offers three that summarise the steps every ``interval``
+steps:
 
 * :class:`LossScaleCallback` calls a function of yours with a :class:`LossScaleStats`.
 * :class:`LossScaleMonitor` writes the loss scale, the skipped steps and the overflow rate
-  as ``nnabla.monitor.MonitorSeries`` files.
+  as ``nnabla.monitor.MonitorSeries`` files (``python -m nnabla_mpt.report`` reads them
+  back into a summary and a figure).
+* :class:`LossScaleTensorBoard` writes the same series as TensorBoard scalars.
 
 Windows follow the updater's step index: a summary is made after every step whose index
 ``i`` satisfies ``(i + 1) % interval == 0``, so summaries land on the same steps whether the
 run is fresh or resumed from a checkpoint. :meth:`LossScaleCallback.flush` summarises the
 steps of an unfinished window, for the end of a run.
 
-This module does not import nnabla until a :class:`LossScaleMonitor` is created.
+This module does not import nnabla until a :class:`LossScaleMonitor` is created, nor
+tensorboardX until a :class:`LossScaleTensorBoard` is.
 
 Example:
     >>> from nnabla_mpt import LossScaleCallback, StepResult
@@ -24,11 +28,15 @@ Example:
     >>> seen[0].step, seen[0].skipped, seen[0].overflow_rate, seen[0].scale
     (1, 1, 0.5, 512.0)
 """
+import itertools
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .core import _validate as check
+
+#: Numbers the event files of the process's LossScaleTensorBoard writers.
+_WRITERS = itertools.count(1)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .scale.gradient_stats import GradientStats
@@ -188,51 +196,48 @@ class LossScaleMonitor(LossScaleCallback):
         interval: Steps per window; ``>= 1``.
         prefix: Start of the series names; a non-empty file name without path separators.
         verbose: Also log every value with nnabla's logger (``MonitorSeries(verbose=...)``).
+        append: Add to the lines the files hold, for a run resumed from a checkpoint in a
+            new process: the series go on in the same files (a line the earlier process
+            left half written is dropped; an index written again counts with its last
+            value in ``python -m nnabla_mpt.report``). By default the files start empty, as
+            every ``MonitorSeries``'s do.
 
     Raises:
         TypeError, ValueError: an argument is not valid; the message names it.
     """
 
     def __init__(self, monitor: Any, interval: int = 100, prefix: str = "loss-scale",
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, *, append: bool = False) -> None:
         from nnabla.monitor import Monitor
 
         if not isinstance(monitor, Monitor):
             raise TypeError(f"monitor must be an nnabla.monitor.Monitor, got {monitor!r} of "
                             f"type {type(monitor).__name__}")
-        if not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str, got {prefix!r} of type "
-                            f"{type(prefix).__name__}")
-        if not prefix.strip() or "/" in prefix or os.sep in prefix:
-            raise ValueError(f"prefix must be a non-empty file name without path separators, "
-                             f"got {prefix!r}")
         verbose = check.boolean("verbose", verbose)
         super().__init__(self._write, interval)
         self.monitor = monitor
-        self.prefix = prefix
+        self.prefix = checked_prefix(prefix)
         self._verbose = verbose
+        self.append = check.boolean("append", append)
         self.series = {}
         for key in ("scale", "skipped-steps", "overflow-rate"):
             self._add_series(key)
 
     def _add_series(self, key: str) -> Any:
         from nnabla.monitor import MonitorSeries
-        self.series[key] = MonitorSeries(f"{self.prefix}-{key}", self.monitor, interval=1,
-                                         verbose=self._verbose)
-        return self.series[key]
+        name = f"{self.prefix}-{key}"
+        if not self.append:
+            series = MonitorSeries(name, self.monitor, interval=1, verbose=self._verbose)
+        else:       # given the monitor, MonitorSeries empties the file: given the path only
+            series = MonitorSeries(name, None, interval=1, verbose=self._verbose)
+            series.sp = os.path.join(self.monitor.save_path,
+                                     name.replace(" ", "-") + ".series.txt")
+            drop_partial_line(series.sp)
+        self.series[key] = series
+        return series
 
     def _write(self, stats: LossScaleStats) -> None:
-        values = [("scale", stats.scale), ("skipped-steps", stats.total_skipped),
-                  ("overflow-rate", stats.overflow_rate)]
-        if stats.gradient_stats:
-            from .scale.gradient_stats import overall
-            together = overall(stats.gradient_stats)
-            values += [("gradient-zero-fraction", together.zero_fraction),
-                       ("gradient-subnormal-fraction", together.subnormal_fraction),
-                       ("gradient-headroom", together.headroom)]
-        if stats.held_by_ceiling or "growth-held-by-ceiling" in self.series:
-            values.append(("growth-held-by-ceiling", stats.held_by_ceiling))
-        for key, value in values:
+        for key, value in series_values(stats, "growth-held-by-ceiling" in self.series):
             # the gradient and ceiling series appear with their first values
             series = self.series.get(key) or self._add_series(key)
             # After a rewind the index may repeat; MonitorSeries would otherwise hold it back.
@@ -241,7 +246,144 @@ class LossScaleMonitor(LossScaleCallback):
 
     def __repr__(self) -> str:
         return (f"LossScaleMonitor(monitor=Monitor({self.monitor.save_path!r}), "
-                f"interval={self.interval}, prefix={self.prefix!r})")
+                f"interval={self.interval}, prefix={self.prefix!r}"
+                + (", append=True)" if self.append else ")"))
+
+
+def drop_partial_line(path: str) -> None:
+    """Cuts a last line without its newline (half written when a run stopped) off the file
+    at ``path``, if there is one."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+class LossScaleTensorBoard(LossScaleCallback):
+    """A step hook writing the loss-scale series as TensorBoard scalars (with tensorboardX).
+
+    Every ``interval`` steps it adds the scalars ``<prefix>/<key>`` of the series a
+    :class:`LossScaleMonitor` writes (``scale``, ``skipped-steps``, ``overflow-rate``, and
+    where the window has them ``gradient-zero-fraction``, ``gradient-subnormal-fraction``,
+    ``gradient-headroom`` and ``growth-held-by-ceiling``), at ``global_step`` the index the
+    monitor writes: the window's last step. With gradient statistics, each parameter's too,
+    grouped by parameter: ``<prefix>/gradients/<parameter>/zero-fraction``,
+    ``.../subnormal-fraction`` and ``.../headroom``.
+
+    Given a directory, the hook makes its ``tensorboardX.SummaryWriter`` at the first step
+    it sees, with ``purge_step`` that step, and a new one after a rewind (a checkpoint of an
+    earlier step loaded): TensorBoard drops the points from that step on that the files
+    held, and the curves of a resumed run go on from where it resumed. Given a writer, the
+    hook writes with it; when you resume, make it with ``purge_step=`` the first step.
+
+    Args:
+        logdir: A directory (a str or a path), or a ``tensorboardX.SummaryWriter`` (any
+            object with ``add_scalar(tag, value, global_step=...)``).
+        interval: Steps per window; ``>= 1``.
+        prefix: Start of the tags; a non-empty name without path separators.
+
+    Raises:
+        ImportError: tensorboardX is not installed; the message says how to install it.
+        TypeError, ValueError: an argument is not valid; the message names it.
+    """
+
+    def __init__(self, logdir: Any, interval: int = 100, prefix: str = "loss-scale") -> None:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError as err:
+            raise ImportError("LossScaleTensorBoard writes with tensorboardX, which is not "
+                              "installed: pip install tensorboardX (from a checkout of "
+                              "nnabla_mpt: pip install \".[tensorboard]\")") from err
+        if isinstance(logdir, (str, os.PathLike)):
+            self.logdir, self.writer = os.fspath(logdir), None
+        elif callable(getattr(logdir, "add_scalar", None)):
+            self.logdir, self.writer = None, logdir
+        else:
+            raise TypeError(f"logdir must be a directory or a tensorboardX.SummaryWriter, got "
+                            f"{logdir!r} of type {type(logdir).__name__}")
+        super().__init__(self._write, interval)
+        self.prefix = checked_prefix(prefix)
+        self._ceiling_seen = False
+
+    def __call__(self, result: "StepResult") -> None:
+        """Counts one step (a writer of its own made at the first step and after a rewind);
+        at the end of a window, writes its scalars."""
+        rewound = self._last is not None and result.step <= self._last.step
+        if self.logdir is not None and (self.writer is None or rewound):
+            self._open(result.step)
+        super().__call__(result)
+
+    def _open(self, step: int) -> None:
+        from tensorboardX import SummaryWriter
+
+        if self.writer is not None:
+            self.writer.close()
+        # A file name of its own, in the order written: two writers of one second share one.
+        self.writer = SummaryWriter(self.logdir, purge_step=step,
+                                    filename_suffix=f".{os.getpid()}.{next(_WRITERS):06d}")
+
+    def _write(self, stats: LossScaleStats) -> None:
+        add = self.writer.add_scalar
+        for key, value in series_values(stats, self._ceiling_seen):
+            add(f"{self.prefix}/{key}", value, global_step=stats.step)
+        self._ceiling_seen = self._ceiling_seen or stats.held_by_ceiling > 0
+        for name, s in (stats.gradient_stats or {}).items():
+            for key, value in (("zero-fraction", s.zero_fraction),
+                               ("subnormal-fraction", s.subnormal_fraction),
+                               ("headroom", s.headroom)):
+                add(f"{self.prefix}/gradients/{name}/{key}", value, global_step=stats.step)
+
+    def flush(self) -> Optional[LossScaleStats]:
+        """Summarises the unfinished window, as :meth:`LossScaleCallback.flush`, and writes
+        what the writer holds to its file."""
+        stats = super().flush()
+        if self.writer is not None and hasattr(self.writer, "flush"):
+            self.writer.flush()
+        return stats
+
+    def close(self) -> Optional[LossScaleStats]:
+        """:meth:`flush`, then closes the writer the hook made (not one given to it)."""
+        stats = self.flush()
+        if self.logdir is not None and self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        return stats
+
+    def __repr__(self) -> str:
+        where = self.logdir if self.logdir is not None else self.writer
+        return (f"LossScaleTensorBoard({where!r}, interval={self.interval}, "
+                f"prefix={self.prefix!r})")
+
+
+def series_values(stats: LossScaleStats, ceiling_seen: bool) -> List[Tuple[str, float]]:
+    """``(key, value)`` of each series a window writes: the scale, the skipped steps and
+    the overflow rate; the gradient statistics over all the parameters when the window
+    carried some; the growth points held by the ceiling from the first (``ceiling_seen``:
+    a window before this one had some)."""
+    values = [("scale", stats.scale), ("skipped-steps", stats.total_skipped),
+              ("overflow-rate", stats.overflow_rate)]
+    if stats.gradient_stats:
+        from .scale.gradient_stats import overall
+        together = overall(stats.gradient_stats)
+        values += [("gradient-zero-fraction", together.zero_fraction),
+                   ("gradient-subnormal-fraction", together.subnormal_fraction),
+                   ("gradient-headroom", together.headroom)]
+    if stats.held_by_ceiling or ceiling_seen:
+        values.append(("growth-held-by-ceiling", stats.held_by_ceiling))
+    return values
+
+
+def checked_prefix(prefix: Any) -> str:
+    """The ``prefix`` option checked: a non-empty file name without path separators."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {prefix!r} of type "
+                        f"{type(prefix).__name__}")
+    if not prefix.strip() or "/" in prefix or os.sep in prefix:
+        raise ValueError(f"prefix must be a non-empty file name without path separators, "
+                         f"got {prefix!r}")
+    return prefix
 
 
 def checked_step_hook(name: str, monitor: Any) -> Any:

@@ -229,9 +229,12 @@ def test_the_circle_check_finds_a_circle_and_skips_type_checking_imports():
 
 
 def test_the_top_of_the_package_stays_small():
+    # 13: the loop's five modules, __init__.py, and a folder for each part of the system; the
+    # thirteenth is report/, which reads a run's series back after training (the summary,
+    # the figure, the command): no part of the step, so in no folder the step uses.
     entries = [p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"]
-    assert len(entries) <= 12, sorted(entries)
-    assert FOLDERS == ["core", "diagnosis", "distributed", "files", "scale", "step"]
+    assert len(entries) <= 13, sorted(entries)
+    assert FOLDERS == ["core", "diagnosis", "distributed", "files", "report", "scale", "step"]
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

@@ -311,18 +311,14 @@ def test_gradient_summary_is_valid_json():
     assert demo.gradient_summary({"gradient_stats": []}, 10)["last"] is None
 
 
-def test_plot_has_a_gradient_statistics_panel(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+def test_plot_has_a_gradient_statistics_panel(tmp_path):
     demo = load_demo_module()
-    figures, close = [], plt.close
-    monkeypatch.setattr(plt, "close", figures.append)
     steps = 40
     fp16 = {"loss": list(np.linspace(2.0, 0.1, steps)), "scale": [8.0] * steps,
             "next_scale": [8.0] * steps, "skipped": [False] * steps,
             "precision": ["half"] * steps, "growth_due": [False] * steps,
             "gradient_stats": [gradient_record(19, 3.0), gradient_record(39, 2.0)]}
-    demo.plot(str(tmp_path / "p.png"), fp16, {"loss": fp16["loss"]}, "title")
-    (fig,) = figures
+    fig = demo.plot(str(tmp_path / "p.png"), fp16, {"loss": fp16["loss"]}, "title")
     loss, scale, grads, headroom = fig.axes          # the headroom on a twin axis
     assert grads.get_ylabel() == "fp16 gradient values (%)"
     assert headroom.get_ylabel() == "headroom (powers of 2)"
@@ -330,7 +326,6 @@ def test_plot_has_a_gradient_statistics_panel(tmp_path, monkeypatch):
         "zero (%)", "subnormal (%)", "headroom: smallest over the parameters"]
     assert list(headroom.lines[0].get_ydata()) == [3.0, 2.0]
     assert (tmp_path / "p.png").stat().st_size > 1000
-    close(fig)
 
 
 def test_precision_schedule_flag(tmp_path):
@@ -361,11 +356,8 @@ def test_precision_schedule_flag(tmp_path):
     assert summary["accuracy"]["fp16"] > 0.5
 
 
-def test_plot_marks_the_precision_switch_and_the_seed_ceiling(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+def test_plot_marks_the_precision_switch_and_the_seed_ceiling(tmp_path):
     demo = load_demo_module()
-    figures, close = [], plt.close
-    monkeypatch.setattr(plt, "close", figures.append)
     steps, switch = 40, 30
     fp16 = {"loss": list(np.linspace(2.0, 0.1, steps)),
             "scale": [8.0] * switch + [1.0] * (steps - switch),
@@ -375,8 +367,7 @@ def test_plot_marks_the_precision_switch_and_the_seed_ceiling(tmp_path, monkeypa
             "growth_due": [False] * steps,
             "gradient_stats": [gradient_record(19, 3.0), gradient_record(29, 2.0),
                                dict(gradient_record(39, 131.0), precision="float")]}
-    demo.plot(str(tmp_path / "p.png"), fp16, {"loss": fp16["loss"]}, "title")
-    (fig,) = figures
+    fig = demo.plot(str(tmp_path / "p.png"), fp16, {"loss": fp16["loss"]}, "title")
     loss, scale, grads, headroom = fig.axes
     for ax in (loss, scale, grads):          # a vertical line at the switch in every panel
         assert any(list(line.get_xdata()) == [switch, switch] for line in ax.lines)
@@ -401,7 +392,6 @@ def test_plot_marks_the_precision_switch_and_the_seed_ceiling(tmp_path, monkeypa
     assert list(headroom.lines[0].get_ydata()) == [3.0, 2.0]
     assert any("float32 headroom" in t.get_text() and "131" in t.get_text()
                for t in grads.texts)
-    close(fig)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -278,6 +278,7 @@ def test_callback_validation(kwargs, error, message):
     ({"prefix": 7}, TypeError, r"prefix must be a str, got 7"),
     ({"interval": -1}, ValueError, r"interval must be >= 1, got -1"),
     ({"verbose": "yes"}, TypeError, r"verbose must be True or False, got 'yes'"),
+    ({"append": 1}, TypeError, r"append must be True or False, got 1"),
 ])
 def test_monitor_validation(tmp_path, kwargs, error, message):
     args = {"monitor": Monitor(str(tmp_path)), "interval": 10}

@@ -34,7 +34,7 @@ def test_the_install_section_names_what_setup_py_declares():
     setup = (ROOT / "setup.py").read_text(encoding="utf-8")
     section = README.split("## Install into your own environment")[1].split("\n## ")[0]
     extras = re.findall(r'^\s+"(\w+)": \[', setup.split("extras_require=")[1], re.M)
-    assert extras == ["mpi", "demo", "test", "docs"]
+    assert extras == ["mpi", "demo", "test", "docs", "plot", "tensorboard"]
     for extra in extras:
         assert f"| `{extra}` |" in section, extra
     assert "CPython 3.8, 3.9 or 3.10" in section and 'python_requires=">=3.8,<3.11"' in setup

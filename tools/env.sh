@@ -66,7 +66,7 @@ fi
 if [ ! -f "$_stamp" ] || [ "$(cat "$_stamp")" != "$_want" ]; then
     echo "[env] installing nnabla_mpt and its dependencies into $VENV" >&2
     "$VENV_PY" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$VENV_PY" -m pip install --quiet --disable-pip-version-check -e "$_root[mpi,demo,test,docs]" \
+    "$VENV_PY" -m pip install --quiet --disable-pip-version-check -e "$_root[mpi,demo,test,docs,tensorboard]" \
         "nnabla==$_nnabla_version"
     echo "$_want" > "$_stamp"
 fi

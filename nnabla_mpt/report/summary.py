@@ -1,0 +1,324 @@
+"""What a run's loss scale did, from its series: the numbers of the report, and its text.
+
+How the numbers are made from the windows (the indices of the series, see
+:mod:`nnabla_mpt.report.series`)::
+
+    a window ends at its index and starts after the previous index (the first one
+        `interval` steps back, at most to step 0); `interval` is the most common distance
+        between indices
+    skipped steps of a window = its overflow rate x its steps (the rate is k / n to six
+        digits: exact); per thousand = 1000 x their sum / the steps the windows cover
+    longest overflow streak: at least what the windows force (full windows in a row;
+        k skips among n steps force ceil(k / (n - k + 1)) in a row), at most what they
+        allow (a window's skips at its end, full windows, the next window's at its start);
+        with windows of one step the two are the same
+    where the scale sat: the steps at each scale, a window counted at its last step's
+    what held it: growth points held by the loss dtype's ceiling (growth-held-by-ceiling),
+        overflows after the first window, the last headroom (gradient-headroom)
+"""
+import math
+import os
+import textwrap
+from collections import Counter
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from ..core.dtypes import FLOATS
+from .series import MonitorRun
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The windows of a run, as arrays: first and last step, skipped steps, the scale of the
+    last step, and ``interval``, the steps of a full window."""
+    first: np.ndarray
+    last: np.ndarray
+    skipped: np.ndarray
+    scale: np.ndarray
+    interval: int
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.last - self.first + 1
+
+
+def windows_of(run: MonitorRun) -> Windows:
+    """The windows of ``run``: where each starts and how many of its steps were skipped."""
+    last = run.steps
+    gaps = Counter(np.diff(last).tolist())
+    interval = (max(gaps, key=lambda gap: (gaps[gap], gap)) if gaps else int(last[0]) + 1)
+    first = np.concatenate([[max(0, int(last[0]) - interval + 1)], last[:-1] + 1])
+    rate = run.values("overflow-rate")
+    skipped = np.rint(rate * (last - first + 1)).astype(np.int64)
+    return Windows(first=first.astype(np.int64), last=last, skipped=skipped,
+                   scale=run.values("scale"), interval=int(interval))
+
+
+def streak_bounds(steps: np.ndarray, skipped: np.ndarray) -> Tuple[int, int]:
+    """``(at least, at most)`` the longest run of skipped steps in a row, from the skipped
+    steps of consecutive windows of ``steps`` steps each."""
+    lower = upper = run = ending = 0       # ending: the longest run that may end a window
+    for n, k in zip(steps.tolist(), skipped.tolist()):
+        if k >= n:
+            run += n
+            ending += n
+            lower = max(lower, run)
+        else:
+            if k:
+                lower = max(lower, math.ceil(k / (n - k + 1)))
+            upper = max(upper, ending + k)
+            run, ending = 0, k
+        upper = max(upper, ending)
+    return lower, upper
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The numbers of a run's report.
+
+    Attributes:
+        directory, prefix: The series read.
+        first_step, last_step: The first and last step the windows cover.
+        windows: How many windows; ``interval``: the steps of a full one.
+        skipped: Skipped steps; ``per_thousand``: per thousand steps covered.
+        skipped_in: ``(first step, last step, skipped)`` of each window with skipped steps.
+        streak: ``(at least, at most)`` the longest overflow streak, in steps.
+        scale_first, scale_last, scale_min, scale_max: The scale of the windows' last steps.
+        scale_steps: ``(scale, steps)``: how many steps ran at each scale (a window counted
+            at the scale of its last step), the most first.
+        last_change: The first and last step of the window where the scale took its last
+            value, or None when it never changed.
+        held_by_ceiling: Growth points held by the loss dtype's ceiling,
+            ``ceiling_windows`` the first and last steps of their windows and
+            ``ceiling_scale`` the ceiling: the largest power of two of the narrowest float
+            type that holds the scales from the first of them on (None without any).
+        gradients: ``(step, zero fraction, subnormal fraction, headroom)`` of the last
+            gradient statistics, or None; ``most_subnormal``: ``(step, fraction)`` of the
+            largest subnormal fraction.
+        rewritten: Lines whose index was written before (a rewound or resumed run).
+        partial: The files whose last line was still being written.
+    """
+    directory: str
+    prefix: str
+    first_step: int
+    last_step: int
+    windows: int
+    interval: int
+    skipped: int
+    per_thousand: float
+    skipped_in: List[Tuple[int, int, int]]
+    streak: Tuple[int, int]
+    scale_first: float
+    scale_last: float
+    scale_min: float
+    scale_max: float
+    scale_steps: List[Tuple[float, int]]
+    last_change: Optional[Tuple[int, int]]
+    held_by_ceiling: int
+    ceiling_windows: List[Tuple[int, int]]
+    ceiling_scale: Optional[float]
+    gradients: Optional[Tuple[int, float, float, float]]
+    most_subnormal: Optional[Tuple[int, float]]
+    rewritten: int
+    partial: List[str]
+
+    @property
+    def steps(self) -> int:
+        """The steps the windows cover."""
+        return self.last_step - self.first_step + 1
+
+    def text(self) -> str:
+        """The summary as the report prints it."""
+        return summary_text(self)
+
+
+def summarize(run: MonitorRun, windows: Optional[Windows] = None) -> RunSummary:
+    """The :class:`RunSummary` of ``run`` (its ``windows``, when already made)."""
+    w = windows_of(run) if windows is None else windows
+    steps = int(w.steps.sum())
+    at_scale: Counter = Counter()
+    for scale, n in zip(w.scale.tolist(), w.steps.tolist()):
+        at_scale[scale] += n
+    held = run.values("growth-held-by-ceiling")
+    held = np.zeros(len(w.last)) if held is None else np.nan_to_num(held)
+    return RunSummary(
+        directory=run.directory, prefix=run.prefix, first_step=int(w.first[0]),
+        last_step=int(w.last[-1]), windows=len(w.last), interval=w.interval,
+        skipped=int(w.skipped.sum()), per_thousand=1000.0 * float(w.skipped.sum()) / steps,
+        skipped_in=[(int(a), int(b), int(k)) for a, b, k in zip(w.first, w.last, w.skipped)
+                    if k],
+        streak=streak_bounds(w.steps, w.skipped),
+        scale_first=float(w.scale[0]), scale_last=float(w.scale[-1]),
+        scale_min=float(w.scale.min()), scale_max=float(w.scale.max()),
+        scale_steps=sorted(at_scale.items(), key=lambda item: -item[1]),
+        last_change=_last_change(w), held_by_ceiling=int(held.sum()),
+        ceiling_windows=[(int(a), int(b)) for a, b, h in zip(w.first, w.last, held) if h > 0],
+        ceiling_scale=_ceiling(w, held),
+        gradients=_last_gradients(run), most_subnormal=_most_subnormal(run),
+        rewritten=sum(s.rewritten for s in run.series.values()),
+        partial=sorted(s.path for s in run.series.values() if s.partial))
+
+
+def _ceiling(w: Windows, held: np.ndarray) -> Optional[float]:
+    """The ceiling that held the scale: the smallest largest power of two of a float type
+    that the scales from its first growth point on stay within (the scale of a window's last
+    step may be the one a growth point started from, cut short at the ceiling)."""
+    if not (held > 0).any():
+        return None
+    reached = float(np.nanmax(w.scale[int(np.argmax(held > 0)):]))
+    return min((f.max_power_of_two for f in FLOATS.values() if f.max_power_of_two >= reached),
+               default=reached)
+
+
+def _last_change(w: Windows) -> Optional[Tuple[int, int]]:
+    changed = np.flatnonzero(w.scale[1:] != w.scale[:-1])
+    if not changed.size:
+        return None
+    j = int(changed[-1]) + 1
+    return int(w.first[j]), int(w.last[j])
+
+
+def _last_gradients(run: MonitorRun) -> Optional[Tuple[int, float, float, float]]:
+    keys = ("gradient-zero-fraction", "gradient-subnormal-fraction", "gradient-headroom")
+    if not all(k in run.series and run.series[k].steps.size for k in keys):
+        return None
+    step = int(run.series[keys[0]].steps[-1])
+    return (step,) + tuple(float(run.series[k].at(np.array([step]))[0]) for k in keys)
+
+
+def _most_subnormal(run: MonitorRun) -> Optional[Tuple[int, float]]:
+    series = run.series.get("gradient-subnormal-fraction")
+    if series is None or not series.steps.size:
+        return None
+    i = int(np.argmax(series.values))
+    return int(series.steps[i]), float(series.values[i])
+
+
+def wrap(text: str, width: int = 88) -> str:
+    """One item of the summary: indented by two, continued by four."""
+    return textwrap.fill(text, width=width, initial_indent="  ", subsequent_indent="    ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def format_scale(scale: float) -> str:
+    """A loss scale as text: whole numbers in full (16777216, not 1.67772e+07)."""
+    return str(int(scale)) if float(scale).is_integer() else f"{scale:g}"
+
+
+def plural(n: float, word: str) -> str:
+    return f"{n:g} {word}" + ("" if n == 1 else "s")
+
+
+def summary_text(s: RunSummary) -> str:
+    """The text of :meth:`RunSummary.text`."""
+    lines = [f"{s.prefix} series of {s.directory}: steps {s.first_step}-{s.last_step}, "
+             f"{plural(s.windows, 'window')} of {plural(s.interval, 'step')}"]
+    lines += [wrap(text) for text in (_skipped_text(s), _streak_text(s), _scale_text(s),
+                                      _held_text(s))]
+    if s.gradients is not None:
+        lines.append(wrap(_gradient_text(s)))
+    if s.rewritten:
+        lines.append(wrap(f"note: {plural(s.rewritten, 'line')} wrote an index again (a run "
+                          f"rewound, or resumed from a checkpoint into the same files): the "
+                          f"value written last is used"))
+    if s.partial:
+        lines.append(wrap("note: a last line still being written (a run in progress) left "
+                          "out of " + ", ".join(os.path.basename(p) for p in s.partial)))
+    return "\n".join(lines)
+
+
+def _ranges(windows: List[Tuple[int, int, int]], limit: int = 8) -> str:
+    """The windows with skipped steps (first step, last step, skipped), adjacent windows of
+    the same length and count joined: ``0-3 (4), 5-59 (1 in each of its 11 windows)``."""
+    groups: List[List[int]] = []            # first, last, skipped in each, steps of each
+    for first, last, k in windows:
+        n = last - first + 1
+        g = groups[-1] if groups else None
+        if g and g[1] + 1 == first and g[2] == k and g[3] == n:
+            g[1] = last
+        else:
+            groups.append([first, last, k, n])
+    items = []
+    for a, b, k, n in groups:
+        where, m = (f"{a}" if a == b else f"{a}-{b}"), (b - a + 1) // n
+        if k == n or m == 1:                # every step skipped, or one window
+            items.append(f"{where} ({k * m})")
+        else:
+            items.append(f"{where} ({k} in each of its {m} windows)")
+    if len(items) > limit:
+        items = items[:limit] + [f"and {len(items) - limit} more"]
+    return ", ".join(items)
+
+
+def _skipped_text(s: RunSummary) -> str:
+    if not s.skipped:
+        return f"skipped steps: none of {s.steps}"
+    return (f"skipped steps: {s.skipped} of {s.steps}, {s.per_thousand:.1f} per thousand; "
+            f"in steps {_ranges(s.skipped_in)}")
+
+
+def _streak_text(s: RunSummary) -> str:
+    lower, upper = s.streak
+    if not upper:
+        return "longest overflow streak: none"
+    if lower == upper:
+        return f"longest overflow streak: {plural(upper, 'step')} in a row"
+    return (f"longest overflow streak: between {lower} and {upper} steps in a row (the series "
+            f"count the skipped steps of each window of {s.interval} steps, not where in it "
+            f"they fell; a LossScaleMonitor with interval=1 tells it exactly)")
+
+
+def _scale_text(s: RunSummary) -> str:
+    sat = ", ".join(f"{format_scale(scale)} for {100 * n / s.steps:.0f}%"
+                    for scale, n in s.scale_steps[:3])
+    text = (f"loss scale (at each window's last step): first {format_scale(s.scale_first)}, "
+            f"last {format_scale(s.scale_last)}, min {format_scale(s.scale_min)}, max "
+            f"{format_scale(s.scale_max)}; it sat at {sat} of the steps")
+    if s.last_change is None:
+        return text + ("; it never changed" if s.interval == 1 else
+                       "; the same at every window's last step")
+    return text + (f"; at {format_scale(s.scale_last)} since the window of steps "
+                   f"{s.last_change[0]}-{s.last_change[1]}")
+
+
+def _held_text(s: RunSummary) -> str:
+    parts = []
+    later = [w for w in s.skipped_in if w[0] != s.first_step]   # after the first window
+    room = None if s.gradients is None else s.gradients[3]
+    if later:
+        parts.append(f"the gradients: {plural(sum(k for _, _, k in later), 'overflow')} "
+                     f"after the first window (in steps {later[0][0]}-{later[-1][1]}), each "
+                     f"backing the scale off")
+    elif room is not None and math.isfinite(room) and room <= 1:
+        parts.append(f"the gradients: {plural(room, 'power')} of two of headroom at step "
+                     f"{s.gradients[0]}")
+    if s.held_by_ceiling:
+        parts.append(f"the loss dtype's ceiling, {format_scale(s.ceiling_scale)}, at "
+                     f"{plural(s.held_by_ceiling, 'growth point')} (in steps "
+                     f"{s.ceiling_windows[0][0]}-{s.ceiling_windows[-1][1]}), not the "
+                     f"gradients: a loss built in float32 lifts it")
+    if parts:
+        return "what held it: " + "; ".join(parts)
+    text = ("what held it: nothing the series record (no overflow after the first window, "
+            "no growth point held by the loss dtype's ceiling")
+    if room is not None:
+        text += f"; headroom {room:g} at step {s.gradients[0]}"
+    return text + ")"
+
+
+def _gradient_text(s: RunSummary) -> str:
+    step, zero, subnormal, room = s.gradients
+    if room == -math.inf:
+        room_text = "-inf (a gradient held inf or NaN: the step was skipped)"
+    elif room == math.inf:
+        room_text = "inf (every gradient was zero)"
+    else:
+        room_text = f"{plural(room, 'power')} of two"
+    text = (f"gradient statistics, last at step {step}: {100 * zero:.2f}% zero, "
+            f"{100 * subnormal:.2f}% subnormal, headroom {room_text}")
+    if s.most_subnormal is not None and s.most_subnormal[1] > subnormal:
+        text += (f"; the most subnormal {100 * s.most_subnormal[1]:.2f}% at step "
+                 f"{s.most_subnormal[0]}")
+    return text

@@ -1,0 +1,209 @@
+"""The report of a run, read back from the series a LossScaleMonitor wrote during real
+float16 training (fresh, in progress, resumed): its figures against the series and the
+steps, and its figure."""
+import struct
+
+import pytest
+from nnabla.monitor import Monitor
+
+from nnabla_mpt import LossScaleMonitor, LossScaleReport, read_report
+from nnabla_mpt.report.summary import streak_bounds
+from report_runs import (LARGE, ceiling_run, fp16_run, fp16_updater, longest_streak, series,
+                         skipped_steps, windows)
+from support import Net
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def text_of(report):
+    return " ".join(report.text().split())
+
+
+def legend(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_the_summary_of_a_run_is_what_its_series_and_steps_say(tmp_path):
+    results = fp16_run(tmp_path, 60, 5, gradient_stats_every=5)
+    report = read_report(tmp_path)
+    s = report.summary
+    skipped, scale, rate = (series(tmp_path, k) for k in ("skipped-steps", "scale",
+                                                          "overflow-rate"))
+    assert (s.first_step, s.last_step, s.steps, s.windows, s.interval) == (0, 59, 60, 12, 5)
+    # the total: the last cumulative count, and the steps that were skipped
+    assert s.skipped == skipped[59] == len(skipped_steps(results)) == 15
+    assert s.per_thousand == pytest.approx(1000 * skipped[59] / 60)
+    # where they fell: each window's count, from its overflow rate and from the steps
+    from_rates = [(i - 4, i, round(rate[i] * 5)) for i in sorted(rate) if rate[i]]
+    assert s.skipped_in == from_rates == [w for w in windows(results, 5) if w[2]]
+    # the longest streak is 4 (steps 0-3); windows of 5 allow 2 to 5
+    assert longest_streak(results) == 4 and s.streak == (2, 5)
+    # the scale: the values of the series, and the steps at each
+    assert (s.scale_first, s.scale_last) == (scale[4], scale[59])
+    assert (s.scale_min, s.scale_max) == (min(scale.values()), max(scale.values()))
+    assert s.scale_steps == [(2048.0, 60)] and s.last_change is None
+    assert all(r.scale == 2048.0 for r in results if r.step % 5 == 4)
+    # the last gradient statistics are the series' last values
+    assert s.gradients == (59,) + tuple(series(tmp_path, f"gradient-{k}")[59] for k in
+                                        ("zero-fraction", "subnormal-fraction", "headroom"))
+    assert (s.held_by_ceiling, s.rewritten, s.partial) == (0, 0, [])
+    text = text_of(report)
+    assert text.startswith(f"loss-scale series of {tmp_path}: steps 0-59, 12 windows of 5 "
+                           f"steps")
+    assert ("skipped steps: 15 of 60, 250.0 per thousand; in steps 0-4 (4), 5-59 (1 in each "
+            "of its 11 windows)") in text
+    assert "longest overflow streak: between 2 and 5 steps in a row" in text
+    assert "it sat at 2048 for 100% of the steps" in text
+    assert "what held it: the gradients: 11 overflows after the first window (in steps 5-59)" \
+        in text
+    assert f"gradient statistics, last at step 59: 0.00% zero, 0.00% subnormal, headroom " \
+           f"{s.gradients[3]:g} powers of two" in text
+
+
+def test_with_windows_of_one_step_the_report_knows_every_step(tmp_path):
+    results = fp16_run(tmp_path, 30, 1)
+    s = read_report(tmp_path).summary
+    assert s.streak == (4, 4) and longest_streak(results) == 4
+    assert s.skipped_in == [(i, i, 1) for i in skipped_steps(results)]
+    assert skipped_steps(results) == sorted(LARGE & set(range(30)))
+    text = text_of(read_report(tmp_path))
+    assert "in steps 0-3 (4), 8 (1), 13 (1), 18 (1), 23 (1), 28 (1)" in text
+    assert "longest overflow streak: 4 steps in a row" in text
+    # the scale of every step: 2**15 .. 2**12 (skipped), then 2**11 and a probe to 2**12
+    assert s.scale_steps[0] == (2048.0, sum(r.scale == 2048.0 for r in results))
+    assert s.scale_max == 2.0 ** 15 and s.last_change == (29, 29)
+
+
+def test_the_figure_has_the_panels_the_series_hold(tmp_path):
+    fp16_run(tmp_path / "stats", 40, 5, gradient_stats_every=5)
+    fp16_run(tmp_path / "plain", 40, 5)
+    with_stats = read_report(tmp_path / "stats").figure()
+    scale, rate, grads, headroom = with_stats.axes
+    assert scale.get_ylabel() == "loss scale" and rate.get_ylabel() == "overflow rate (%)"
+    assert grads.get_ylabel() == "gradient values (%)"       # the dtype is not recorded
+    assert legend(scale)[:2] == ["loss scale at each window's last step",
+                                 "window with skipped steps"]
+    [bars] = rate.containers
+    assert [round(b.get_height()) for b in bars] == [80] + [20] * 7
+    assert [(b.get_x(), b.get_width()) for b in bars][:2] == [(0, 5), (5, 5)]
+    assert list(headroom.lines[0].get_xdata()) == list(range(4, 40, 5))
+    plain = read_report(tmp_path / "plain").figure()
+    assert [ax.get_ylabel() for ax in plain.axes] == ["loss scale", "overflow rate (%)"]
+    path = tmp_path / "report.png"
+    assert read_report(tmp_path / "plain").save(str(path)) == str(path)
+    data = path.read_bytes()
+    assert data[:8] == PNG and struct.unpack(">II", data[16:24])[0] == 900
+
+
+def test_growth_held_by_the_ceiling_is_counted_from_its_series(tmp_path):
+    results = ceiling_run(tmp_path, 30, 5)
+    held = [r.step for r in results if r.held_by == "ceiling"]
+    # auto starts at 2**14; the first growth point grows to 2**15 and is cut short there
+    assert held == list(range(4, 30, 5)) and results[4].next_scale == 2.0 ** 15
+    assert all(r.scale == 2.0 ** 15 for r in results[5:])
+    report = read_report(tmp_path)
+    s = report.summary
+    written = series(tmp_path, "growth-held-by-ceiling")
+    assert s.held_by_ceiling == sum(written.values()) == len(held)
+    assert s.ceiling_scale == 2.0 ** 15
+    assert s.ceiling_windows == [(i - 4, i) for i in sorted(written) if written[i]]
+    assert (f"what held it: the loss dtype's ceiling, 32768, at {len(held)} growth points "
+            f"(in steps {s.ceiling_windows[0][0]}-{s.ceiling_windows[-1][1]}), not the "
+            f"gradients") in text_of(report)
+    scale = report.figure().axes[0]
+    assert "window with growth held by the loss dtype's ceiling" in legend(scale)
+
+
+@pytest.mark.parametrize("how", ["same hook", "new hook, append=True"])
+def test_a_run_resumed_from_a_checkpoint_continues_its_series(tmp_path, how):
+    """Train to step 19, save a checkpoint, go on to step 31 (lines at 24 and 29 written;
+    every step skipped), then resume from the checkpoint in a new updater into the same
+    files and train to step 44: the resumed run writes 24 and 29 again, and the report
+    reads what the run that went on did."""
+    monitor = tmp_path / "monitor"
+    net = Net("half")
+    net.large = set(LARGE)
+    hook = LossScaleMonitor(Monitor(str(monitor)), interval=5)
+    first = fp16_updater(net, hook, gradient_stats_every=5)
+    history = [first.update() for _ in range(20)]
+    first.save_checkpoint(str(tmp_path / "checkpoint.npz"))
+    net.bad = set(range(20, 32))            # steps the resumed run replaces: inf in the batch
+    lost = [first.update() for _ in range(12)]
+    net.bad = set()
+    assert all(r.skipped for r in lost)
+    if how != "same hook":
+        hook = LossScaleMonitor(Monitor(str(monitor)), interval=5, append=True)
+    resumed = fp16_updater(net, hook, gradient_stats_every=5)
+    resumed.load_checkpoint(str(tmp_path / "checkpoint.npz"))
+    history += [resumed.update() for _ in range(25)]
+    assert [r.step for r in history] == list(range(45)) and lost[0].step == 20
+
+    report = read_report(monitor)
+    s = report.summary
+    lines = {p.name: p.read_text().splitlines() for p in monitor.iterdir()}
+    assert s.rewritten == sum(len(v) - len({line.split()[0] for line in v})
+                              for v in lines.values()) == 6 * 2      # 24 and 29, 6 series
+    assert (s.first_step, s.last_step, s.windows) == (0, 44, 9)
+    assert s.skipped == len(skipped_steps(history))
+    assert s.skipped_in == [w for w in windows(history, 5) if w[2]]
+    scale = series(monitor, "scale")
+    assert sorted(scale) == list(range(4, 45, 5))
+    assert s.scale_last == scale[44] == history[44].scale
+    assert s.gradients[0] == 44
+    # The cumulative series counts the steps its hook saw: the lost ones too (one hook), or
+    # from the resumed step (a new hook): the report counts each window by its rate.
+    counted = series(monitor, "skipped-steps")[44]
+    assert counted == (s.skipped + len(skipped_steps(lost)) if how == "same hook"
+                       else len(skipped_steps(history[20:])))
+    assert ("note: 12 lines wrote an index again (a run rewound, or resumed from a checkpoint "
+            "into the same files): the value written last is used") in text_of(report)
+    assert len(report.figure().axes) == 4
+
+
+def test_a_run_in_progress_is_read_as_far_as_it_is_written(tmp_path):
+    fp16_run(tmp_path, 20, 5)
+    rate = tmp_path / "loss-scale-overflow-rate.series.txt"
+    with open(rate, "a") as f:
+        f.write("24 0.2")                               # being written: no newline yet
+    with open(tmp_path / "loss-scale-scale.series.txt", "a") as f:
+        f.write("24 2048\n")                            # written; the others not yet
+    report = read_report(tmp_path)
+    assert report.summary.last_step == 19 and report.summary.windows == 4
+    assert report.summary.partial == [str(rate)]
+    assert ("note: a last line still being written (a run in progress) left out of "
+            "loss-scale-overflow-rate.series.txt") in text_of(report)
+    # a monitor appending to these files drops the half-written line first
+    hook = LossScaleMonitor(Monitor(str(tmp_path)), interval=5, append=True)
+    assert rate.read_text().endswith("19 0.2\n") and "append=True" in repr(hook)
+
+
+def test_a_report_reads_without_nnabla(tmp_path):
+    import subprocess
+    import sys
+    from doc_pages import ROOT
+    fp16_run(tmp_path, 10, 5)
+    code = ("import sys; from nnabla_mpt import read_report; "
+            f"print(read_report({str(tmp_path)!r}).summary.skipped); "
+            "print('nnabla' in sys.modules, 'matplotlib' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.split() == ["5", "False", "False"], proc.stderr
+
+
+@pytest.mark.parametrize("steps, skipped, expected", [
+    ([5, 5, 5], [0, 0, 0], (0, 0)),
+    ([1] * 6, [1, 1, 0, 1, 1, 1], (3, 3)),              # windows of one step: exact
+    ([5, 5, 5], [4, 0, 0], (2, 4)),                     # 4 of 5 force 2 in a row
+    ([5, 5, 5], [2, 5, 1], (5, 8)),                     # 2 at the end, 5, 1 at the start
+    ([5, 5, 5, 5], [5, 5, 0, 3], (10, 10)),
+    ([10, 10], [1, 1], (1, 2)),
+])
+def test_streak_bounds(steps, skipped, expected):
+    import numpy as np
+    assert streak_bounds(np.array(steps), np.array(skipped)) == expected
+
+
+def test_the_report_is_a_public_name():
+    import nnabla_mpt
+    assert {"read_report", "LossScaleReport", "LossScaleTensorBoard"} <= set(nnabla_mpt.__all__)
+    assert nnabla_mpt.LossScaleReport is LossScaleReport
