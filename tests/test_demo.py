@@ -385,13 +385,19 @@ def test_plot_marks_the_precision_switch_and_the_seed_ceiling(tmp_path):
     assert any("no loss scale used" in t.get_text() for t in scale.texts)
     # float32 statistics drawn apart, their headroom (131) not on the fp16 axis
     assert grads.get_ylabel() == "gradient values (%)"
+    # the note on the float32 headroom is a legend entry: no line runs through it
     assert [t.get_text() for t in grads.get_legend().get_texts()] == [
         "zero (%), fp16", "subnormal (%), fp16", "zero (%), float32 after the switch",
-        "subnormal (%), float32 after the switch",
+        "subnormal (%), float32 after the switch", "float32 headroom not drawn (last 131)",
         "headroom: smallest over the parameters, fp16"]
     assert list(headroom.lines[0].get_ydata()) == [3.0, 2.0]
-    assert any("float32 headroom" in t.get_text() and "131" in t.get_text()
-               for t in grads.texts)
+    assert not grads.texts
+    # markers at 0 (no subnormal after the switch) are drawn whole, not clipped
+    assert all(not line.get_clip_on() for line in grads.lines if line.get_label()
+               and "%" in line.get_label())
+    # the scale panel's legend stands left of the float32 band, in one column
+    legend = scale.get_legend()
+    assert legend._loc == 3 and legend._ncols == 1
 
 
 @pytest.mark.parametrize("args, message", [

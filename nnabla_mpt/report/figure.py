@@ -199,7 +199,10 @@ def scale_panel(ax: Any, pic: RunPicture) -> None:
     if scales.size:             # room below the lowest scale for the legend
         low, high = np.log2(scales.min()), np.log2(max(scales.max(), FP16.max))
         ax.set_ylim(2.0 ** (low - 0.8 * (high - low + 2)), 2.0 ** (high + 0.5))
-    ax.legend(loc="lower center", ncol=2, fontsize="small")
+    if pic.switch is None:
+        ax.legend(loc="lower center", ncol=2, fontsize="small")
+    else:                       # one column, left of the band, which holds its own text
+        ax.legend(loc="lower left", ncol=1, fontsize="x-small")
     ax.grid(True, which="both", alpha=0.3)
 
 
@@ -235,9 +238,9 @@ def gradient_panel(ax: Any, pic: RunPicture) -> None:
         return
     suffix = f", {pic.dtype}" if after is not None and pic.dtype else ""
     lines = ax.plot(g.steps, 100 * g.zero_fraction, "o-", color="tab:purple", ms=3,
-                    label="zero (%)" + suffix)
+                    label="zero (%)" + suffix, clip_on=False)
     lines += ax.plot(g.steps, 100 * g.subnormal_fraction, "s-", color="tab:brown", ms=3,
-                     label="subnormal (%)" + suffix)
+                     label="subnormal (%)" + suffix, clip_on=False)
     if after is not None:
         lines += _float32_fractions(ax, after)
     ax.set_yscale("symlog", linthresh=0.01)
@@ -258,13 +261,13 @@ def _float32_fractions(ax: Any, after: GradientPoints) -> list:
     """The fractions of the float32 steps after a switch, hollow, and their last headroom
     as text."""
     lines = ax.plot(after.steps, 100 * after.zero_fraction, "o:", ms=4, color="tab:purple",
-                    mfc="none", label="zero (%), float32 after the switch")
+                    mfc="none", label="zero (%), float32 after the switch", clip_on=False)
     lines += ax.plot(after.steps, 100 * after.subnormal_fraction, "s:", ms=4,
-                     color="tab:brown", mfc="none",
+                     color="tab:brown", mfc="none", clip_on=False,
                      label="subnormal (%), float32 after the switch")
-    ax.text(0.99, 0.04, "float32 headroom (to float32's largest value) not drawn: last "
-            "{:g}".format(after.headroom[-1]), transform=ax.transAxes, ha="right",
-            fontsize="small")
+    # said in the legend, where no line or marker runs through it
+    lines += ax.plot([], [], ls="none", label="float32 headroom not drawn (last {:g})".format(
+        after.headroom[-1]))
     return lines
 
 
