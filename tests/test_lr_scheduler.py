@@ -136,3 +136,25 @@ def test_a_non_finite_rate_is_refused_before_the_step_changes_anything():
     # the step was not taken: the counters agree, the state saves and loads
     assert (updater.steps, updater.updates, updater.skipped_steps) == (2, 2, 0)
     updater.load_state_dict(updater.state_dict())
+
+
+def test_the_migration_page_s_warm_up_is_the_script_s_update_by_update():
+    """nnabla-examples' cifar10 sets the rate after its update ``i`` (``if i <=
+    warmup_iter: lr = base_lr + warmup_slope * i``), so each update runs at the rate the
+    previous one set; the page's schedule, keyed on applied updates, must give each update
+    that same rate."""
+    import re
+    from doc_pages import ROOT
+    page = (ROOT / "docs" / "migration.rst").read_text(encoding="utf-8")
+    source = re.search(r"\n(    class Warmup:\n(?:        .*\n|\n)+)", page).group(1)
+    namespace = {"base_lr": 1e-3, "n_devices": 4, "warmup_iter": 10}
+    exec(compile("\n".join(line[4:] for line in source.splitlines()), "migration.rst",
+                 "exec"), namespace)
+    warmup = namespace["Warmup"]()
+    base_lr, slope = 1e-3, 1e-3 * 3 / 10
+    lr, script = base_lr, []                  # the solver starts at base_lr
+    for i in range(30):
+        script.append(lr)                     # the rate update i runs at
+        if i <= 10:
+            lr = base_lr + slope * i          # set after update i, for the next one
+    assert [warmup.get_learning_rate(i) for i in range(30)] == script

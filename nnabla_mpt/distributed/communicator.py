@@ -251,9 +251,11 @@ class MPICommunicator(AllReduceCallback, Broadcast, ShareGrads, NnablaCommunicat
         Raises:
             TypeError: ``data`` is not an NdArray or a list of NdArrays, or a flag is not
                 a bool.
-            ValueError: ``data`` is empty or ``group`` is not ``"world"``; or, with
-                ``algorithm="shared_memory"``, the ranks passed different numbers of
-                arrays or of elements (raised on every rank).
+            ValueError: ``data`` is empty or ``group`` is not ``"world"``; or the ranks
+                passed arrays that differ in number, in total size, in the order of their
+                sizes or in the dtype they are summed in (raised on every rank, with every
+                algorithm). Arrays of equal sizes swapped, or float16 beside float32 (both
+                summed in float32), are not told apart.
         """
         arrays = ndarray_list(data)
         division = boolean("division", division)
