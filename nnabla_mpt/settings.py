@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import options
 from .core import _validate as check
+from .scale.bounded_policy import fixed_policy
 from .step.feeder import install_feeder
 from .step.overflow_handling import FLOOR_POLICIES, check_retries
 
@@ -166,7 +167,16 @@ def _scale(updater: Any, value: Any) -> Any:
                            f"{schedule.mode.text!r} switched to full precision at step "
                            f"{schedule.switch_step}; those steps run unscaled (scale 1), so "
                            f"there is no loss scale to set")
+    if updater._policy.kind == "fixed":      # bounded as the constructor bounds it
+        fixed_policy(value, value, updater._dtype)
     return value
+
+
+def _take_scale(updater: Any, value: float) -> None:
+    """The scale set (checked by the policy); it replaces a measurement of
+    ``scale="auto"`` still due, which would otherwise override it at the next step."""
+    updater._policy.set_loss_scale(value)
+    updater._meter.calibration_pending = False
 
 
 def _scaling_factor(updater: Any, value: float) -> None:
@@ -185,8 +195,7 @@ def _moved(old: str, read: Any) -> Setting:
 BOTH = (
     Setting("scale", "The loss scale of the next step (1 once a precision schedule switched "
             "to full precision; assignable until then, checked by the policy).",
-            "_next_scale", live=True, check=_scale,
-            take=lambda updater, value: updater._policy.set_loss_scale(value)),
+            "_next_scale", live=True, check=_scale, take=_take_scale),
     Setting("data_feeder", "The feeder given as ``data_feeder=`` (assignable, checked "
             "again).", "_data_feeder", live=True, take=install_feeder),
     Setting("accum_grad", "Forward/backward passes whose gradients are summed per update "

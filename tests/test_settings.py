@@ -341,3 +341,22 @@ def test_the_schedule_s_moved_keywords_read_the_schedule_in_use():
     updater, _ = make_updater(mode="fast|step|0.8", total=50)
     assert (updater.accelerate_train_mode, updater.total_steps, updater.final_loss) == (
         "fast|step|0.8", 50, None)
+
+
+def test_a_scale_assigned_before_auto_measured_it_is_the_one_used():
+    net = Net("half")
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale="auto")
+    updater.scale = 64.0
+    first = updater.update()
+    assert first.scale == 64.0 and updater.state_dict()["calibration_pending"] is False
+
+
+def test_a_fixed_scale_assigned_is_bounded_as_the_constructor_bounds_it():
+    net = Net("half")
+    updater = FixedLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=1024.0)
+    with pytest.raises(ValueError, match=r"^scale=65536\.0 is above 32768, the largest power "
+                                         r"of two the loss's dtype holds"):
+        updater.scale = 2.0 ** 16
+    with pytest.raises(ValueError):
+        FixedLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=2.0 ** 16)
+    assert updater.scale == 1024.0 and updater.update().scale == 1024.0
