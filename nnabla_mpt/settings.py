@@ -146,12 +146,12 @@ def _accum_grad(updater: Any, value: int) -> None:
     updater._accum_grad = value
     for recorder, _ in updater._passes.values():
         recorder.set_accum_grad(value)
-    updater._unscaler.accum_divisor = value if updater._average_accum else 1
+    updater._unscaler.set_accumulation(value, updater._average_accum)
 
 
 def _average_accum(updater: Any, value: bool) -> None:
     updater._average_accum = value
-    updater._unscaler.accum_divisor = updater._accum_grad if value else 1
+    updater._unscaler.set_accumulation(updater._accum_grad, value)
 
 
 def _max_retries(updater: Any, value: Any) -> int:

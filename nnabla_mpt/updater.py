@@ -157,8 +157,8 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.
         batch = BatchCheck([self._loss, self._high_precision_loss], self._params)
         self._set_up_reduction(opts, graphs, batch)
         self._unscaler = Unscaler(solver, self._params, graph.float_context(self._loss),
-                                  opts.accum_grad if self._average_accum else 1,
-                                  opts.clip_grad_norm, opts.weight_decay, opts.lr_scheduler)
+                                  opts.accum_grad, self._average_accum, opts.clip_grad_norm,
+                                  opts.weight_decay, opts.lr_scheduler)
         self._collapse = CollapseWatch(opts.overflow.floor_policy, opts.overflow.diagnose_after,
                                        self._params, self._detector, self._policy,
                                        self._decider.agree_on_diagnosis, batch)
@@ -184,7 +184,8 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.
         float32_cpu = (self._schedule is None and self._dtype.name == "float32"
                        and graph.extension_of(self._loss) == "cpu")
         checks = overflow_checks(self._detector.mode, opts.enable_overflow_check, self._solver,
-                                 self._params, float32_cpu, graph.float_context(self._loss))
+                                 self._params, float32_cpu, graph.float_context(self._loss),
+                                 self._comm is not None)
         float_only = self._precision == "float" and self._schedule is None
         if self._comm is None:
             self._decider, self._shared_grads = LocalDecision(checks[0], batch), None

@@ -104,15 +104,22 @@ def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object]
 
 
 def overflow_checks(mode: str, enabled: bool, solver, params: Dict[str, object],
-                    float32_cpu: bool, context) -> Tuple[Optional[Callable[[], bool]], ...]:
+                    float32_cpu: bool, context, ranks: bool
+                    ) -> Tuple[Optional[Callable[[], bool]], ...]:
     """``(check, inf_nan_check)`` of an updater (:func:`overflow_check`): the check of the
-    detector's ``mode`` and the inf/NaN one (the same object in that mode), for the
-    reduced gradients where a reduction cannot saturate; both None when not ``enabled``."""
+    detector's ``mode`` and, with a communicator (``ranks``), the inf/NaN one for the
+    reduced gradients where a reduction cannot saturate (the same object in that mode;
+    None for one process, which checks its own gradients only); both None when not
+    ``enabled``."""
     if not enabled:
         return None, None
-    made = {m: overflow_check(OverflowDetector(m), solver, params, float32_cpu, context)
-            for m in dict.fromkeys((mode, "inf_nan"))}
-    return made[mode], made["inf_nan"]
+    check = overflow_check(OverflowDetector(mode), solver, params, float32_cpu, context)
+    if mode == "inf_nan":
+        return check, check
+    if not ranks:
+        return check, None
+    return check, overflow_check(OverflowDetector("inf_nan"), solver, params, float32_cpu,
+                                 context)
 
 
 #: Gradient arrays at least this large are checked through a sum (see SummedInfNanCheck).

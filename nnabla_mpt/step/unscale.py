@@ -29,29 +29,35 @@ class Unscaler:
         params: Its parameters (name -> Variable), for the gradient norm.
         context: The float32 context of the device the gradients live on
             (:func:`nnabla_mpt.core.graph.float_context`): the norm is computed there.
-        accum_divisor: ``accum_grad`` where the micro-batches are averaged, else 1.
+        accum_grad: The micro-batches whose gradients are summed per update.
+        average_accum: Whether their sum is divided by ``accum_grad``.
         clip_grad_norm: The bound of the global L2 norm, or None.
         weight_decay: The weight-decay rate, or None.
         lr_scheduler: An object with ``get_learning_rate(iter)`` (nnabla's
             ``nnabla.utils.learning_rate_scheduler``), keyed on applied updates, or None.
 
-    ``accum_divisor``, ``clip`` (the bound) and ``weight_decay`` are kept as attributes of
-    those names; the updater's settings change them between steps
-    (:mod:`nnabla_mpt.settings`).
+    ``clip`` (the bound) and ``weight_decay`` are kept as attributes of those names, the
+    accumulation by :meth:`set_accumulation`; the updater's settings change them between
+    steps (:mod:`nnabla_mpt.settings`).
     """
 
-    def __init__(self, solver, params: Mapping, context, accum_divisor: int,
-                 clip_grad_norm: Optional[float], weight_decay: Optional[float],
-                 lr_scheduler: Any = None) -> None:
+    def __init__(self, solver, params: Mapping, context, accum_grad: int,
+                 average_accum: bool, clip_grad_norm: Optional[float],
+                 weight_decay: Optional[float], lr_scheduler: Any = None) -> None:
         self._solver = solver
         self._lr_scheduler = lr_scheduler
         self._params = params
         self._context = context
-        self.accum_divisor = accum_divisor
+        self.set_accumulation(accum_grad, average_accum)
         self.clip = clip_grad_norm
         self.weight_decay = weight_decay
         self._squared_norm = None          # built on first use by grad_norm()
         self._rate = None                  # the learning rate unscale() fetched
+
+    def set_accumulation(self, accum_grad: int, average_accum: bool) -> None:
+        """Gradients summed over ``accum_grad`` micro-batches, divided by it where
+        ``average_accum``."""
+        self.accum_divisor = accum_grad if average_accum else 1
 
     def unscale(self, held: float, updates: int = 0) -> bool:
         """Unscales the gradients of a step whose seed held ``held`` (the step's scale as
