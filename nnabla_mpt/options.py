@@ -23,7 +23,7 @@ from .core import _validate as check
 from .monitoring import checked_step_hook
 from .distributed import gradient_reduction as reduction
 from .distributed.gradient_reduction import GradientReduction
-from .scale.bounded_policy import policy_settings
+from .scale.bounded_policy import OPTIONS as POLICY_OPTIONS, policy_settings
 from .scale.policy import GROWTH_MODES, DynamicLossScale, FixedLossScale, GrowthMode
 from .scale.precision import PrecisionSchedule
 from .step.feeder import checked_feeder
@@ -63,10 +63,12 @@ def _integer(ge: int) -> Callable[[str, Any], int]:
     return lambda name, value: check.integer(name, value, ge=ge)
 
 
-def _instance(cls: type) -> Callable[[str, Any], Any]:
-    """A check that a value is None or a ``cls``."""
+def _instance(cls: type, default: Any = None) -> Callable[[str, Any], Any]:
+    """A check that a value is None (which stands for ``default``) or a ``cls``."""
     def checked(name: str, value: Any) -> Any:
-        if value is None or isinstance(value, cls):
+        if value is None:
+            return default
+        if isinstance(value, cls):
             return value
         raise TypeError(f"{name} must be None or a nnabla_mpt.{cls.__name__}, got {value!r} "
                         f"of type {type(value).__name__}")
@@ -157,14 +159,14 @@ OVERFLOW = Option(
     ":class:`~nnabla_mpt.OverflowHandling`: the check's ``mode`` (``\"inf_nan\"`` or "
     "``\"saturation\"``), ``max_retries`` within one ``update()``, and at a collapsing "
     "scale the ``floor_policy`` after ``diagnose_after`` overflowing steps.",
-    lambda name, value: _instance(OverflowHandling)(name, value) or OverflowHandling())
+    _instance(OverflowHandling, OverflowHandling()))
 REDUCTION = Option(
     "reduction", GradientReduction(), GradientReduction,
     "How the gradients are summed, a :class:`~nnabla_mpt.GradientReduction`: averaged over "
     "the micro-batches (``average_accum``) or the ranks (``average_ranks``), reduced inside "
     "the backward pass (``all_reduce_callback``), in shared memory (``shared_grads``), and "
     "whether a rank that raises aborts the job (``abort_on_exception``).",
-    lambda name, value: _instance(GradientReduction)(name, value) or GradientReduction())
+    _instance(GradientReduction, GradientReduction()))
 SCHEDULE = Option(
     "schedule", None, Optional[PrecisionSchedule],
     "A precision schedule, a :class:`~nnabla_mpt.PrecisionSchedule`: reduced precision "
@@ -358,7 +360,8 @@ class UpdaterSignature:
         if "policy" not in self.options:
             return UpdaterOptions(**values, shown={"scale": given["scale"]})
         settings, shown = policy_settings(owner, values, given, passed, moved_policy)
-        return UpdaterOptions(**values, policy_settings=settings, shown=shown)
+        others = {name: value for name, value in values.items() if name not in POLICY_OPTIONS}
+        return UpdaterOptions(**others, policy_settings=settings, shown=shown)
 
     def signature(self) -> inspect.Signature:
         """The signature of the updater's ``__init__``, as ``inspect`` and the docs show it."""

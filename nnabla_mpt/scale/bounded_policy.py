@@ -13,20 +13,22 @@ from ..core import _validate as check
 from ..core.dtypes import FloatType
 from .policy import DynamicLossScale, FixedLossScale
 
+#: The dynamic updater's options that make its policy (:func:`policy_settings`) and go
+#: no further.
+OPTIONS = ("policy", "growth_mode", "scaling_factor", "N")
 #: The keys of the settings :func:`dynamic_policy` takes: ``scale`` (a number or
 #: ``"auto"``) and the settings of :class:`DynamicLossScale` (:attr:`~DynamicLossScale.SETTINGS`).
 SETTINGS = ("scale",) + DynamicLossScale.SETTINGS
 
 
-def policy_settings(owner: str, values: Dict[str, Any], given: Mapping[str, Any],
+def policy_settings(owner: str, values: Mapping[str, Any], given: Mapping[str, Any],
                      passed: FrozenSet[str], moved: Mapping[str, Any]) -> Tuple[Dict, Dict]:
-    """``(settings, shown)`` of the dynamic policy, taking ``policy``, ``growth_mode``,
-    ``scaling_factor`` and ``N`` out of ``values``: the settings of ``policy=`` where given
+    """``(settings, shown)`` of the dynamic policy, from the checked ``values`` of its
+    options (:data:`OPTIONS`): the settings of ``policy=`` where given
     (nnabla's arguments that it holds must not be given then, ``scale="auto"`` aside), else
     those of nnabla's arguments, ``growth_mode`` and the moved keywords (``moved``, checked
     here; as given in ``given``), with their defaults."""
-    policy, growth_mode = values.pop("policy"), values.pop("growth_mode")
-    factor, interval = values.pop("scaling_factor"), values.pop("N")
+    policy, growth_mode, factor, interval = (values[name] for name in OPTIONS)
     if policy is not None:
         clash = [name for name in ("scale", "scaling_factor", "N", "growth_mode")
                  if name in passed and not (name == "scale" and values["scale"] == "auto")]

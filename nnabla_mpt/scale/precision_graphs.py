@@ -17,9 +17,6 @@ def updater_schedule(given: Optional[PrecisionSchedule], loss: "nn.Variable",
     one), checked against ``loss``, the solver's ``params`` and the ``outputs`` option."""
     if given is None:
         return None
-    if not isinstance(given, PrecisionSchedule):
-        raise TypeError(f"schedule must be None or a nnabla_mpt.PrecisionSchedule, got "
-                        f"{given!r} of type {type(given).__name__}")
     mode = given.mode.text
     if outputs:
         raise ValueError(f"outputs (a list of {len(outputs)} Variables) cannot be combined "
