@@ -92,6 +92,7 @@ from nnabla.logger import logger
 
 from nnabla_mpt import DynamicLossScalingUpdater, PrecisionSchedule
 from nnabla_mpt.report.figure import Curve, GradientPoints, RunPicture, draw
+from nnabla_mpt.report.summary import format_scale, wrap
 from nnabla_mpt.scale.gradient_stats import overall
 
 
@@ -512,11 +513,6 @@ def plot(path, fp16, ref, title):
     return draw(picture(fp16, ref, title), path)
 
 
-def format_scale(scale):
-    """A loss scale as text: whole numbers in full (16777216, not 1.67772e+07)."""
-    return str(int(scale)) if float(scale).is_integer() else "{:g}".format(scale)
-
-
 def format_changes(changes, limit=40, width=88):
     """``step:scale`` pairs wrapped in lines; the middle is elided past ``limit``."""
     items = ["{}:{}".format(i, format_scale(s)) for i, s in changes]
@@ -571,12 +567,6 @@ def describe_record(last, every, what):
             "{:.2f}% subnormal, headroom {}".format(
                 what, every, last["step"], " (skipped)" if last["skipped"] else "",
                 100 * last["zero_fraction"], 100 * last["subnormal_fraction"], room))
-
-
-def wrap(text, width=88):
-    """One report item: indented by two, continued by four; paths and names stay whole."""
-    return textwrap.fill(text, width=width, initial_indent="  ", subsequent_indent="    ",
-                         break_long_words=False, break_on_hyphens=False)
 
 
 def report_scaling(summary):
