@@ -58,6 +58,7 @@ import nnabla_mpt  # noqa: E402  (first: convergence.py puts this checkout on th
 
 sys.path.insert(0, HERE)
 import convergence as C  # noqa: E402
+import record  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -182,7 +183,8 @@ def run_all(args):
     C.network(C.FLOAT, "init", args.batch, seed=args.seed)
     with nn.parameter_scope("init"):
         init = {k: v.d.copy() for k, v in nn.get_parameters().items()}
-    out = {"package": package_revision(), "model": args.model, "steps": args.steps,
+    out = {"facts": record.facts([os.path.relpath(sys.executable)] + sys.argv),
+           "package": package_revision(), "model": args.model, "steps": args.steps,
            "interval": args.interval, "spike_at": args.spike_at, "batch": args.batch,
            "runs": []}
     for scenario in SCENARIOS:

@@ -7,10 +7,11 @@ Usage (from the repository root)::
 
 The file starts with one ``# key: value`` line for each of ``HEADER`` (the date, the
 machine, the load average before the run, the command as typed with ``OMP_NUM_THREADS``,
-the package's revision), then holds the command's standard output as printed, and ends
-with ``# load after: ...`` and ``# wall time: ...``. The command's standard error passes
-through. The file is written only when the command succeeds, and whole (a temporary file
-renamed), so a failed or interrupted run leaves the previous results as they were.
+the package's revision), then holds what the command printed (its standard output and
+error as one stream: nnabla logs to standard error), and ends with ``# load after: ...``
+and ``# wall time: ...``. The file is written only when the command succeeds, and whole
+(a temporary file renamed), so a failed or interrupted run leaves the previous results as
+they were.
 
 The documentation quotes figures from these files; ``tests/test_figures.py`` reads them
 with :func:`read` and checks every quoted figure against them.
@@ -64,17 +65,23 @@ def machine() -> str:
             f"Python {platform.python_version()}, nnabla {nnabla}")
 
 
-def header(command) -> str:
-    """The header lines of a run of ``command`` (a list of arguments) starting now."""
+def facts(command) -> dict:
+    """The facts of ``HEADER`` for a run of ``command`` (a list of arguments) starting now:
+    what a benchmark that writes its own JSON keeps under ``"facts"``."""
     omp = os.environ.get("OMP_NUM_THREADS")
     typed = ([f"OMP_NUM_THREADS={omp}"] if omp else []) + list(command)
-    values = {
+    return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "load before": load_text(),
         "command": shlex.join(typed),
         "revision": revision(),
     }
+
+
+def header(command) -> str:
+    """The header lines of a run of ``command`` starting now."""
+    values = facts(command)
     return "".join(f"# {key}: {values[key]}\n" for key in HEADER)
 
 
@@ -104,7 +111,8 @@ def main(argv=None) -> int:
     out, command = argv[0], argv[2:]
     head = header(command)
     started = time.perf_counter()
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
     sys.stdout.write(done.stdout)
     if done.returncode != 0:
         print(f"record.py: {shlex.join(command)} exited with {done.returncode}; "
