@@ -68,8 +68,8 @@ def machine() -> str:
 def facts(command) -> dict:
     """The facts of ``HEADER`` for a run of ``command`` (a list of arguments) starting now:
     what a benchmark that writes its own JSON keeps under ``"facts"``."""
-    omp = os.environ.get("OMP_NUM_THREADS")
-    typed = ([f"OMP_NUM_THREADS={omp}"] if omp else []) + list(command)
+    typed = [f"{name}={os.environ[name]}" for name in ("OMP_NUM_THREADS", "NNABLA_MPT_ROOT")
+             if name in os.environ] + list(command)
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
