@@ -1,0 +1,289 @@
+"""The figures the project's pages quote, each read from the results file it comes from.
+
+A page's figures are listed in a module ``page_<name>.py`` of this folder:
+
+* ``PAGE``: the page, relative to the repository root (an rst or Markdown page, or an
+  example script, whose docstring and ``--help`` texts are its prose);
+* ``QUOTES``: :class:`Quote` objects, each a sentence of the page with its figures as
+  named fields, and for each field a :class:`Figure` that reads it from a results file
+  under ``benchmarks/results/`` or, for a page's worked example, from the output the page
+  shows under it (:func:`shown`: ``tests/test_docs.py`` runs the example and requires
+  that output);
+* ``NOT_MEASURED``: the figure-like words of the page that are no measurement (a default,
+  a constant, an example's setting), each with the reason;
+* ``CHECKED_ELSEWHERE`` (optional): the titles of sections whose figures another test
+  checks against their results, with that test's name.
+
+``test_figures.py`` renders every quote from the results and requires it on the page,
+requires every figure-like word of the page's prose to lie inside a quote or be listed as
+no measurement, and requires every results file it reads to say its date, machine, load
+average and command. A figure edited by hand on a page, or a results file run again
+without the page following it, fails there.
+"""
+import ast
+import importlib.util
+import json
+import re
+from functools import lru_cache
+
+from doc_pages import ROOT, page_blocks
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+#: Words that state a figure: a number with a unit of time, a ratio or a share, "k of n",
+#: "step k", a speed-up, and any number with a decimal point; searched in the page's
+#: prose with its whitespace collapsed.
+FIGURE = re.compile(
+    r"(?<![\w.*/=-])[+−-]?\d[\d,]*(?:\.\d+)?(?:[–-]\d[\d,]*(?:\.\d+)?)?"
+    r"(?:\s?(?:%|×|ms\b|µs\b|s\b|seconds?\b|minutes?\b|MB\b|times\b|per thousand\b)"
+    r"|x\b| of \d[\d,]*\b)"
+    r"|\bsteps? \d[\d,]*\b"
+    r"|(?<![\w.*/=-])\d+\.\d+(?![\w.])")
+
+
+def _record():
+    spec = importlib.util.spec_from_file_location(
+        "record", ROOT / "benchmarks" / "record.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@lru_cache(maxsize=None)
+def results(name: str):
+    """``(fields, body)`` of ``benchmarks/results/<name>``: a ``.txt`` file written by
+    ``benchmarks/record.py`` (its header and its output), or a ``.json`` file of a
+    benchmark that writes its own (the same four facts as keys, and the parsed JSON as
+    the body). Raises ``ValueError`` naming the file when a fact is missing."""
+    path = RESULTS / name
+    if name.startswith("report_example/"):
+        return report_example(name.split("/", 1)[1])
+    if name.endswith(".json"):
+        body = json.loads(path.read_text(encoding="utf-8"))
+        fields = body.get("facts") or {
+            "date": body.get("date"), "machine": body.get("machine"),
+            "load before": body.get("load_before"), "command": body.get("command")}
+        missing = [key for key, value in fields.items() if not value]
+        if missing:
+            raise ValueError(f"{path}: no {missing[0]!r}")
+        return fields, body
+    return _record().read(path)
+
+
+def report_example(series: str):
+    """``(fields, body)`` of a series of the committed monitor directory
+    ``docs/_static/report_example/``, whose ``run.txt`` says when, where, under what load
+    and by what command the series were written; the body is the list of
+    ``(step, value)`` pairs."""
+    folder = ROOT / "docs" / "_static" / "report_example"
+    run = (folder / "run.txt").read_text(encoding="utf-8").splitlines()
+    date, _, rest = run[1][2:].partition("; ")
+    fields = {"date": date, "machine": rest.split("; load average")[0],
+              "load before": re.search(r"load average before ([\d., ]+?), after",
+                                       run[1]).group(1),
+              "command": run[2][2:]}
+    pairs = [line.split() for line in (folder / series).read_text().splitlines()]
+    return fields, [(int(step), float(value)) for step, value in pairs]
+
+
+class Figure:
+    """One figure a page quotes: ``value()`` reads it (from ``sources``, the results
+    files it comes from), and ``fmt`` turns it into the text on the page."""
+
+    def __init__(self, value, fmt: str = "{}", sources=()):
+        self.value, self.fmt, self.sources = value, fmt, tuple(sources)
+
+    def text(self) -> str:
+        return self.fmt.format(self.value())
+
+
+def read(source: str, function, fmt: str = "{}") -> Figure:
+    """The figure ``function`` computes from the body of results file ``source``."""
+    return Figure(lambda: function(results(source)[1]), fmt, [source])
+
+
+def grep(source: str, pattern: str, fmt: str = "{}", convert=str, group: int = 1,
+         after: str = None) -> Figure:
+    """The ``group`` of ``pattern``'s first match in the file's output (after the first
+    line matching ``after``, if given), through ``convert``; fails naming the file and
+    the pattern when nothing matches."""
+    def find(body):
+        if after is not None:
+            start = re.search(after, body, re.M)
+            assert start, f"benchmarks/results/{source}: no line {after!r}"
+            body = body[start.start():]
+        found = re.search(pattern, body, re.M)
+        assert found, f"benchmarks/results/{source}: nothing matches {pattern!r}"
+        return convert(found.group(group))
+    return read(source, find, fmt)
+
+
+def shown(page: str, pattern: str, fmt: str = "{}", convert=str, group: int = 1) -> Figure:
+    """A figure of the output ``page`` shows under its examples (its ``text`` and
+    ``console`` blocks), which ``tests/test_docs.py`` (and, for the report's example,
+    ``tests/test_report_example.py``) requires the examples to print when run."""
+    def find():
+        body = "\n".join(page_blocks(ROOT / page, "text")
+                          + page_blocks(ROOT / page, "console"))
+        found = re.search(pattern, body, re.M)
+        assert found, f"{page}: no shown output matches {pattern!r}"
+        return convert(found.group(group))
+    return Figure(find, fmt)
+
+
+def cell(source: str, row: str, column: int, after: str = None, fmt: str = "{}",
+         convert=str) -> Figure:
+    """Field ``column`` (0 is the row's label) of the first table row labelled ``row``
+    after the first line matching ``after``: a Markdown row split at ``|``, any other
+    split at runs of spaces; through ``convert`` (:func:`number` strips a ``x``)."""
+    def find(body):
+        lines = body.splitlines()
+        if after is not None:
+            start = next((i for i, line in enumerate(lines) if re.search(after, line)), None)
+            assert start is not None, f"benchmarks/results/{source}: no line {after!r}"
+            lines = lines[start:]
+        for line in lines:
+            fields = ([f.strip() for f in line.strip().strip("|").split("|")]
+                      if line.lstrip().startswith("|") else line.split())
+            if fields and fields[0] == row:
+                return convert(fields[column])
+        raise AssertionError(f"benchmarks/results/{source}: no row {row!r}")
+    return read(source, find, fmt)
+
+
+def number(text: str) -> float:
+    """A table's number: ``1,045`` or ``3.6x`` read as 1045 and 3.6."""
+    return float(text.replace(",", "").rstrip("x"))
+
+
+def derived(fmt: str, function, *figures: Figure) -> Figure:
+    """A figure computed by ``function`` from the numbers of other figures."""
+    return Figure(lambda: function(*(float(f.text()) for f in figures)), fmt,
+                  [s for f in figures for s in f.sources])
+
+
+def header(source: str, key: str, fmt: str = "{}", convert=str) -> Figure:
+    """A fact of the file's header (``date``, ``load before``, ``wall time``, ...),
+    through ``convert``."""
+    return Figure(lambda: convert(results(source)[0][key]), fmt, [source])
+
+
+def day(stamp) -> str:
+    """The date of an ISO time stamp."""
+    return stamp[:10]
+
+
+def first_load(loads) -> str:
+    """The 1-minute load average of a header's ``load before`` (a text or a list)."""
+    value = loads.split(",")[0] if isinstance(loads, str) else loads[0]
+    return f"{float(value):.2f}"
+
+
+def seconds(wall_time: str) -> str:
+    """The number of a footer's ``wall time`` (``154.4 s``)."""
+    return wall_time.split()[0]
+
+
+def span(figures, fmt: str = "{:.1f}", sep: str = "–") -> Figure:
+    """The smallest and largest of several figures' numbers, as ``low–high`` (one number
+    when they agree to ``fmt``)."""
+    def both():
+        values = [float(f.text()) for f in figures]
+        low, high = fmt.format(min(values)), fmt.format(max(values))
+        return low if low == high else f"{low}{sep}{high}"
+    return Figure(both, "{}", [s for f in figures for s in f.sources])
+
+
+class Quote:
+    """A sentence of a page whose ``{name}`` fields are figures."""
+
+    def __init__(self, template: str, **fields: Figure):
+        self.template, self.fields = template, fields
+
+    def text(self) -> str:
+        return " ".join(self.template.format(
+            **{name: figure.text() for name, figure in self.fields.items()}).split())
+
+
+# --------------------------------------------------------------------- the pages' prose
+
+def directive_spans(lines):
+    """``(first, last)`` line indices (last exclusive) of every rst directive block."""
+    spans, i = [], 0
+    while i < len(lines):
+        if re.match(r"^\s*\.\. [\w-]+::", lines[i]):
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            j = i + 1
+            while j < len(lines) and (not lines[j].strip()
+                                      or len(lines[j]) - len(lines[j].lstrip()) > indent):
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
+#: The rst directives whose content is the page's own text, read with its prose.
+TEXT_DIRECTIVES = ("list-table", "csv-table", "table", "note", "warning")
+
+
+def rst_prose(text: str, skip_sections=()) -> str:
+    """The page without its directive blocks other than tables and admonitions (code,
+    the printed output the examples' tests check, results included from their files,
+    images) and without the sections titled in ``skip_sections``."""
+    lines = text.splitlines()
+    drop = {i for a, b in directive_spans(lines) for i in range(a, b)
+            if not re.match(r"^\s*\.\. (%s)::" % "|".join(TEXT_DIRECTIVES), lines[a])}
+    for title in skip_sections:
+        start = next(i for i, line in enumerate(lines)
+                     if line == title and set(lines[i + 1]) == {"-"})
+        end = next((i for i in range(start + 2, len(lines) - 1)
+                    if lines[i].strip() and not lines[i].startswith(" ")
+                    and lines[i + 1][:1] in ("-", "=") and set(lines[i + 1]) == {lines[i + 1][0]}
+                    and len(lines[i + 1]) >= len(lines[i])), len(lines))
+        drop.update(range(start, end))
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def md_prose(text: str) -> str:
+    """A Markdown page without its fenced blocks."""
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+def script_prose(text: str) -> str:
+    """An example script's prose: its docstring, and the ``help`` and ``description``
+    texts of its options."""
+    tree = ast.parse(text)
+    parts = [ast.get_docstring(tree) or ""]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in ("help", "description", "epilog"):
+            parts.extend(n.value for n in ast.walk(node.value)
+                         if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return "\n".join(parts).replace("%%", "%")
+
+
+def prose(page: str, skip_sections=()) -> str:
+    """The prose of ``page`` (a path from the repository root), whitespace as one space."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    if page.endswith(".rst"):
+        text = rst_prose(text, skip_sections)
+    elif page.endswith(".md"):
+        text = md_prose(text)
+    else:
+        text = script_prose(text)
+    return " ".join(text.split())
+
+
+def unquoted_figures(text: str, quotes, not_measured) -> "list[str]":
+    """The figure-like words of ``text`` outside every quote's text, less the words of
+    ``not_measured``."""
+    covered = []
+    for quote in quotes:
+        start = text.find(quote)
+        while start >= 0:
+            covered.append((start, start + len(quote)))
+            start = text.find(quote, start + 1)
+    return [m.group(0) for m in FIGURE.finditer(text)
+            if not any(a <= m.start() and m.end() <= b for a, b in covered)
+            and m.group(0) not in not_measured]

@@ -1,0 +1,7 @@
+"""The figures of docs/accumulation.rst: none is measured."""
+
+PAGE = "docs/accumulation.rst"
+
+QUOTES = []
+
+NOT_MEASURED = {}

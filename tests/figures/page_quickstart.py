@@ -1,0 +1,21 @@
+"""The figures of docs/quickstart.rst: the demo's time, and the training loop's output."""
+from figures import Quote, day, first_load, grep, header, shown
+
+PAGE = "docs/quickstart.rst"
+DEMO = "demo.txt"
+
+QUOTES = [
+    Quote("({total} s in all on {date}, with a load average of {load} before the run: "
+          "``benchmarks/results/demo.txt``)",
+          total=grep(DEMO, r"total time ([\d.]+) s"),
+          date=header(DEMO, "date", convert=day),
+          load=header(DEMO, "load before", convert=first_load)),
+    Quote("one doubling at step {step}",
+          step=shown(PAGE, r"^step (\d+): scale 2048; next scale 4096$")),
+]
+
+NOT_MEASURED = {
+    "8 times": "measured growth's margin for one batch, a constant of the updater",
+    "3.10": "a version of Python, nnabla or CUDA",
+    "1.39": "a version of Python, nnabla or CUDA",
+}

@@ -1,0 +1,32 @@
+"""The README's figures: the demo's time, and the quick start's shown output."""
+from figures import Quote, day, first_load, grep, header, shown
+
+PAGE = "README.md"
+DEMO = "demo.txt"
+
+QUOTES = [
+    Quote("In the demo's 1000 steps fp16 training took {fp16} s and float training {flt} s, "
+          "{ratio} times slower (`./run.sh demo` on {date}, on a 2-core AMD EPYC with a load "
+          "average of {load} before the run: `benchmarks/results/demo.txt`)",
+          fp16=grep(DEMO, r"training time\s+([\d.]+) s"),
+          flt=grep(DEMO, r"training time\s+[\d.]+ s\s+([\d.]+) s"),
+          ratio=grep(DEMO, r"here (\d+) times slower than float"),
+          date=header(DEMO, "date", convert=day),
+          load=header(DEMO, "load before", convert=first_load)),
+    Quote("At step {step} the history leaves room for two doublings at once",
+          step=shown(PAGE, r"^step (\d+): scale 1024 -> 4096$")),
+]
+
+NOT_MEASURED = {
+    "8 times": "measured growth's margin for one batch, a constant of the updater",
+    "steps 19": "the quick start's growth points after step 9, every N=10 steps (its "
+                "setting); its shown output says the scale held there",
+    "3.8": "a version of Python, nnabla or CUDA",
+    "3.9": "a version of Python, nnabla or CUDA",
+    "3.10": "a version of Python, nnabla or CUDA",
+    "1.36": "a version of Python, nnabla or CUDA",
+    "1.39": "a version of Python, nnabla or CUDA",
+    "11.0": "a version of Python, nnabla or CUDA",
+    "11.6": "a version of Python, nnabla or CUDA",
+    "12.0": "a version of Python, nnabla or CUDA",
+}

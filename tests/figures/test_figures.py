@@ -1,0 +1,112 @@
+"""Every figure of the README, the documentation pages and the examples' docstrings and
+``--help`` texts is quoted from a results file under ``benchmarks/results/`` that says
+when, where, under what load and by what command it was measured (see ``figures.py``
+for how a page lists its figures)."""
+import importlib
+import pathlib
+import re
+
+import pytest
+
+from doc_pages import ROOT
+from figures import FIGURE, Quote, prose, results, unquoted_figures
+
+HERE = pathlib.Path(__file__).parent
+MODULES = sorted(p.stem for p in HERE.glob("page_*.py"))
+PAGES = {name: importlib.import_module(name) for name in MODULES}
+#: The pages whose figures are listed here: the README, every documentation page and
+#: every example.
+IN_SCOPE = (["README.md"] + sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.rst"))
+            + sorted(f"examples/{p.name}" for p in (ROOT / "examples").glob("*.py")))
+
+
+def page_prose(module) -> str:
+    return prose(module.PAGE, getattr(module, "CHECKED_ELSEWHERE", {}))
+
+
+def sources(module):
+    return {s for quote in module.QUOTES for f in quote.fields.values() for s in f.sources}
+
+
+def test_every_page_has_its_list():
+    listed = sorted(module.PAGE for module in PAGES.values())
+    assert listed == sorted(IN_SCOPE), set(IN_SCOPE) ^ set(listed)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_quotes_are_on_the_page(name):
+    module = PAGES[name]
+    text = page_prose(module)
+    missing = [quote.text() for quote in module.QUOTES if quote.text() not in text]
+    assert not missing, (f"{module.PAGE} does not say, as its results files make it:\n  "
+                         + "\n  ".join(missing))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_no_figure_without_its_results(name):
+    module = PAGES[name]
+    text = page_prose(module)
+    loose = unquoted_figures(text, [q.text() for q in module.QUOTES], module.NOT_MEASURED)
+    assert not loose, (f"{module.PAGE}: figures quoted from no results file: {loose}; list "
+                       f"them in tests/figures/{name}.py")
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_not_measured_words_are_on_the_page(name):
+    module = PAGES[name]
+    text = page_prose(module)
+    stale = [word for word in module.NOT_MEASURED if word not in text]
+    assert not stale, f"{module.PAGE} no longer says {stale}: drop them from {name}.py"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_results_say_date_machine_load_and_command(name):
+    for source in sorted(sources(PAGES[name])):
+        fields, _ = results(source)
+        for key in ("date", "machine", "load before", "command"):
+            assert fields[key], (source, key)
+
+
+def test_a_figure_changed_by_hand_fails():
+    """Each quoted figure, changed by one digit on a copy of its page's prose, is no
+    longer found: the check above fails for every figure edited by hand."""
+    checked = 0
+    for module in PAGES.values():
+        text = page_prose(module)
+        for quote in module.QUOTES:
+            rendered = quote.text()
+            digit = re.search(r"\d", rendered)
+            if digit is None:
+                continue
+            new = "1" if digit.group(0) != "1" else "2"
+            edited = text.replace(rendered, rendered[:digit.start()] + new
+                                  + rendered[digit.end():])
+            assert rendered not in edited, (module.PAGE, rendered)
+            checked += 1
+    assert checked >= len(PAGES)
+
+
+def test_the_scan_finds_figures():
+    text = ("took 61.4 s at load 0.11, 5.7–6.7× faster, +0.76% of a run, 1 of 1000 steps, "
+            "reached at step 640, about 10 µs, 3 times, 2.0x, 21.63% zero, 8 per thousand; "
+            "not ``scale=0.5``, 2**15 or nnabla-1.39.0")
+    assert [m.group(0) for m in FIGURE.finditer(text)] == [
+        "61.4 s", "0.11", "5.7–6.7×", "+0.76%", "1 of 1000", "step 640", "10 µs", "3 times",
+        "2.0x", "21.63%", "8 per thousand"]
+    assert unquoted_figures(text, [Quote("took 61.4 s at load 0.11").text()],
+                            {"3 times"}) == [
+        "5.7–6.7×", "+0.76%", "1 of 1000", "step 640", "10 µs", "2.0x", "21.63%",
+        "8 per thousand"]
+
+
+def test_included_results_say_date_machine_load_and_command():
+    """The results files the pages include whole are records too."""
+    included = set()
+    for page in (ROOT / "docs").glob("*.rst"):
+        included |= set(re.findall(r"literalinclude:: \.\./benchmarks/results/(\S+)",
+                                   page.read_text(encoding="utf-8")))
+    assert included
+    for source in sorted(included):
+        fields, _ = results(source)
+        for key in ("date", "machine", "load before", "command"):
+            assert fields[key], (source, key)
