@@ -12,7 +12,9 @@ A page's figures are listed in a module ``page_<name>.py`` of this folder:
 * ``NOT_MEASURED``: the figure-like words of the page that are no measurement (a default,
   a constant, an example's setting), each with the reason;
 * ``CHECKED_ELSEWHERE`` (optional): the titles of sections whose figures another test
-  checks against their results, with that test's name.
+  checks against their results, with that test's name;
+* ``CHECKED_BY`` (optional): figures of the page that a test reads from the page and
+  reproduces by running what the page describes, with that test's path.
 
 ``test_figures.py`` renders every quote from the results and requires it on the page,
 requires every figure-like word of the page's prose to lie inside a quote or be listed as
@@ -31,12 +33,14 @@ from doc_pages import ROOT, page_blocks
 RESULTS = ROOT / "benchmarks" / "results"
 
 #: Words that state a figure: a number with a unit of time, a ratio or a share, "k of n",
-#: "step k", a speed-up, and any number with a decimal point; searched in the page's
+#: "k steps" (or updates, all-reduces, growth points), "step k", a speed-up, and any
+#: number with a decimal point; searched in the page's
 #: prose with its whitespace collapsed.
 FIGURE = re.compile(
     r"(?<![\w.*/=-])[+−-]?\d[\d,]*(?:\.\d+)?(?:[–-]\d[\d,]*(?:\.\d+)?)?"
     r"(?:\s?(?:%|×|ms\b|µs\b|s\b|seconds?\b|minutes?\b|MB\b|times\b|per thousand\b)"
-    r"|x\b| of \d[\d,]*\b)"
+    r"|x\b| of (?:the |its )?\d[\d,]*\b"
+    r"| (?:steps?|updates?|all-reduces?|growth points?|skipped)\b)"
     r"|\bsteps? \d[\d,]*\b"
     r"|(?<![\w.*/=-])\d+\.\d+(?![\w.])")
 

@@ -69,4 +69,5 @@ NOT_MEASURED = {
     "1.02 times": "the target the step loop was built to meet",
     "steps 300": "the convergence run's spike, its setting (--spike-at)",
     "0.9": "the momentum of the convergence run's solver",
+    "1500 steps": "the convergence run's length, its setting (--steps)",
 }

@@ -1,6 +1,6 @@
 """The figures of docs/distributed.rst: the all-reduce, data-parallel, callback and fault
 benchmarks."""
-from figures import Quote, cell, day, derived, header, number, span
+from figures import Quote, cell, day, derived, header, number, shown, span
 
 PAGE = "docs/distributed.rst"
 FUSED = [f"allreduce_fused_run{i}.txt" for i in (1, 2, 3)]
@@ -86,3 +86,10 @@ NOT_MEASURED = {
     "3×": "the target the fused all-reduce was built to meet",
     "1.1": "the size of an example model, 1.1 million parameters",
 }
+
+QUOTES += [
+    Quote("each rank prints its line with the same count: {calls} all-reduces in {steps} "
+          "steps,",
+          calls=shown(PAGE, r"(\d+) all-reduces in \d+ steps"),
+          steps=shown(PAGE, r"\d+ all-reduces in (\d+) steps")),
+]

@@ -65,6 +65,8 @@ NOT_MEASURED = {
     "steps 100": "measured_edge.py's spike, its setting (--spike-at 100)",
     "step 4": "the example's first growth point, N=5 (its setting)",
     "steps 0": "the steps before the example's first growth point, N=5 (its setting)",
+    "200 steps": "measured_edge.py's run length, its setting (--steps)",
+    "25 steps": "measured growth's watch interval, WATCH_EVERY",
 }
 
 CONVERGENCE = "convergence_spike.txt"

@@ -29,4 +29,6 @@ NOT_MEASURED = {
                 "weights (0.5)",
     "step 1234": "an example of the windows' arithmetic",
     "step 1299": "an example of the windows' arithmetic",
+    "66 steps": "an example of the windows' arithmetic",
+    "50 steps": "the demo's --stats-every default",
 }

@@ -18,4 +18,9 @@ NOT_MEASURED = {
     "8 times": "measured growth's margin for one batch, a constant of the updater",
     "3.10": "a version of Python, nnabla or CUDA",
     "1.39": "a version of Python, nnabla or CUDA",
+    "100 updates": "an example of a schedule a script keys on updates",
+}
+
+CHECKED_BY = {
+    "2 of the 40": "tests/test_quickstart_page.py",
 }
