@@ -7,13 +7,13 @@ Usage (from the repository root)::
 
 The file starts with one ``# key: value`` line for each of ``HEADER`` (the date, the
 machine, the load average before the run, the command as typed with ``OMP_NUM_THREADS``
-and ``NNABLA_MPT_ROOT`` where set, the package's revision), then holds what the command printed (its standard output and
-error as one stream: nnabla logs to standard error), and ends with ``# load after: ...``
-and ``# wall time: ...``. The file is written only when the command succeeds, and whole
-(a temporary file renamed), so a failed or interrupted run leaves the previous results as
-they were.
+and ``NNABLA_MPT_ROOT`` where set, the package's revision), then holds what the command
+printed (its standard output and error as one stream: nnabla logs to standard error),
+and ends with ``# load after: ...`` and ``# wall time: ...``. The file is written only
+when the command succeeds, and whole (a temporary file renamed), so a failed or
+interrupted run leaves the previous results as they were.
 
-The documentation quotes figures from these files; ``tests/test_figures.py`` reads them
+The documentation quotes figures from these files; ``tests/figures/`` reads them
 with :func:`read` and checks every quoted figure against them.
 """
 import datetime

@@ -32,6 +32,24 @@ def rst_blocks(text: str, language: str = "python"):
     return blocks
 
 
+def directive_spans(lines):
+    """``(first, last)`` line indices (last exclusive) of every rst directive block
+    (``.. code-block::``, ``.. list-table::``, ...) of a page's ``lines``."""
+    spans, i = [], 0
+    while i < len(lines):
+        if re.match(r"^\s*\.\. [\w-]+::", lines[i]):
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            j = i + 1
+            while j < len(lines) and (not lines[j].strip()
+                                      or len(lines[j]) - len(lines[j].lstrip()) > indent):
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
 def md_blocks(text: str, language: str = "python"):
     """Bodies of the fenced ```<language> blocks of a Markdown text, in order."""
     return [m.group(1) for m in re.finditer(r"```" + re.escape(language) + r"\n(.*?)```",

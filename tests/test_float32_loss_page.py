@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from doc_pages import ROOT
+from doc_pages import ROOT, directive_spans
 
 PAGE = ROOT / "docs" / "measured.rst"
 RESULTS = ROOT / "benchmarks" / "results" / "float32_loss.json"
@@ -42,29 +42,11 @@ def section(text: str) -> str:
     return "\n".join(lines[start:end])
 
 
-def directive_spans(text: str):
-    """``(first, last)`` line indices (last exclusive) of every directive block
-    (``.. code-block::``, ``.. list-table::``) of ``text``."""
-    lines, spans, i = text.splitlines(), [], 0
-    while i < len(lines):
-        if re.match(r"^\s*\.\. [\w-]+::", lines[i]):
-            indent = len(lines[i]) - len(lines[i].lstrip())
-            j = i + 1
-            while j < len(lines) and (not lines[j].strip()
-                                      or len(lines[j]) - len(lines[j].lstrip()) > indent):
-                j += 1
-            spans.append((i, j))
-            i = j
-        else:
-            i += 1
-    return spans
-
-
 def list_table(text: str):
     """The rows (lists of cell texts, literals' backquotes removed) of the section's
     list-table."""
     lines = text.splitlines()
-    first, last = next((a, b) for a, b in directive_spans(text)
+    first, last = next((a, b) for a, b in directive_spans(text.splitlines())
                        if "list-table::" in lines[a])
     rows = []
     for line in lines[first + 1:last]:
@@ -80,13 +62,13 @@ def list_table(text: str):
 def prose(text: str) -> str:
     """The section without its directive blocks (code, its printed output, the table)."""
     lines = text.splitlines()
-    drop = {i for a, b in directive_spans(text) for i in range(a, b)}
+    drop = {i for a, b in directive_spans(text.splitlines()) for i in range(a, b)}
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
 
 
 def quoted_warning(text: str) -> str:
     lines = text.splitlines()
-    first, last = next((a, b) for a, b in directive_spans(text)
+    first, last = next((a, b) for a, b in directive_spans(text.splitlines())
                        if lines[a].strip() == ".. code-block:: none")
     return " ".join(" ".join(lines[first + 1:last]).split())
 

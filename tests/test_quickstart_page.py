@@ -37,7 +37,7 @@ def test_the_probe_variant_skips_what_the_page_says(tmp_path):
     assert said, "the page no longer describes the probe variant as this test reads it"
     skipped, steps = int(said.group(1)), int(said.group(2))
     loop = rst_blocks(PAGE.read_text(encoding="utf-8"), "python")[0]
-    measured = 'scale="auto", N=10,\n                                    growth_mode="measured")'
+    measured = 'scale="auto", N=10,\n' + " " * 36 + 'growth_mode="measured")'
     assert measured in loop and "range(40)" in loop
     variant = loop.replace(measured, "scale=2.0 ** 16, N=10)").replace(
         "range(40)", f"range({steps})")

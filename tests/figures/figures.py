@@ -28,7 +28,7 @@ import json
 import re
 from functools import lru_cache
 
-from doc_pages import ROOT, page_blocks
+from doc_pages import ROOT, directive_spans, page_blocks
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -172,20 +172,21 @@ def header(source: str, key: str, fmt: str = "{}", convert=str) -> Figure:
     return Figure(lambda: convert(results(source)[0][key]), fmt, [source])
 
 
-def day(stamp) -> str:
-    """The date of an ISO time stamp."""
-    return stamp[:10]
+def date_of(source: str) -> Figure:
+    """The day a results file was measured (its header's ``date``)."""
+    return header(source, "date", convert=lambda stamp: stamp[:10])
 
 
-def first_load(loads) -> str:
-    """The 1-minute load average of a header's ``load before`` (a text or a list)."""
-    value = loads.split(",")[0] if isinstance(loads, str) else loads[0]
-    return f"{float(value):.2f}"
+def load_of(source: str) -> Figure:
+    """The 1-minute load average before a results file's run (a text or a list)."""
+    def first(loads):
+        return f"{float(loads.split(',')[0] if isinstance(loads, str) else loads[0]):.2f}"
+    return header(source, "load before", convert=first)
 
 
-def seconds(wall_time: str) -> str:
-    """The number of a footer's ``wall time`` (``154.4 s``)."""
-    return wall_time.split()[0]
+def wall_time_of(source: str) -> Figure:
+    """The seconds a results file's run took (its footer's ``wall time``)."""
+    return header(source, "wall time", convert=lambda text: text.split()[0])
 
 
 def span(figures, fmt: str = "{:.1f}", sep: str = "–") -> Figure:
@@ -211,23 +212,6 @@ class Quote:
 
 # --------------------------------------------------------------------- the pages' prose
 
-def directive_spans(lines):
-    """``(first, last)`` line indices (last exclusive) of every rst directive block."""
-    spans, i = [], 0
-    while i < len(lines):
-        if re.match(r"^\s*\.\. [\w-]+::", lines[i]):
-            indent = len(lines[i]) - len(lines[i].lstrip())
-            j = i + 1
-            while j < len(lines) and (not lines[j].strip()
-                                      or len(lines[j]) - len(lines[j].lstrip()) > indent):
-                j += 1
-            spans.append((i, j))
-            i = j
-        else:
-            i += 1
-    return spans
-
-
 #: The rst directives whose content is the page's own text, read with its prose.
 TEXT_DIRECTIVES = ("list-table", "csv-table", "table", "note", "warning")
 
@@ -244,7 +228,8 @@ def rst_prose(text: str, skip_sections=()) -> str:
                      if line == title and set(lines[i + 1]) == {"-"})
         end = next((i for i in range(start + 2, len(lines) - 1)
                     if lines[i].strip() and not lines[i].startswith(" ")
-                    and lines[i + 1][:1] in ("-", "=") and set(lines[i + 1]) == {lines[i + 1][0]}
+                    and lines[i + 1][:1] in ("-", "=")
+                    and set(lines[i + 1]) == {lines[i + 1][0]}
                     and len(lines[i + 1]) >= len(lines[i])), len(lines))
         drop.update(range(start, end))
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)

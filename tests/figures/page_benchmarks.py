@@ -1,6 +1,6 @@
 """The figures of docs/benchmarks.rst: the updater's overhead, the convergence run and the
 measured_edge runs' times (the all-reduce's are on docs/distributed.rst)."""
-from figures import Quote, cell, day, derived, grep, header, seconds
+from figures import Quote, cell, date_of, derived, grep, wall_time_of
 
 PAGE = "docs/benchmarks.rst"
 OVERHEAD, CONVERGENCE = "updater_overhead_current.txt", "convergence_spike.txt"
@@ -23,7 +23,7 @@ def scale_at(run, pattern):
 
 QUOTES = [
     Quote("They were measured on {date} on a 2-core machine",
-          date=header(OVERHEAD, "date", convert=day)),
+          date=date_of(OVERHEAD)),
     Quote("at 1e6 parameters the updater took {h6} times the hand loop, {c6} times the loop "
           "with the same check and {n6} times nnabla's updater; at 1e5, {h5}, {c5} and "
           "{n5}. At 1e4 parameters (a {step} ms float step) it took {h4} times the hand "
@@ -37,8 +37,8 @@ QUOTES = [
           k4=added("mlp-1e4"), k5=added("mlp-1e5"), k6=added("mlp-1e6"),
           deep=added("deep-narrow")),
     Quote("Measured on {date}, in {seconds} s (``benchmarks/results/convergence_spike.txt``",
-          date=header(CONVERGENCE, "date", convert=day),
-          seconds=header(CONVERGENCE, "wall time", convert=seconds)),
+          date=date_of(CONVERGENCE),
+          seconds=wall_time_of(CONVERGENCE)),
     Quote("``scale=\"auto\"`` skipped no step in its warm-up (probe: {probe_warm}); measured "
           "growth skipped {after} after it ({share}; probe: {probe_after});",
           probe_warm=grep(CONVERGENCE, r"^probe .*?\s(\d+)\s+\d+ of \d+"),
@@ -60,8 +60,8 @@ QUOTES = [
           measured_before=grep(CONVERGENCE,
                                r"^spike_measured: scale before the spike 2\^(\d+)")),
     Quote("random network (the default, {teacher} s) or on the digits MLP ({digits} s)",
-          teacher=header("measured_edge_teacher_run.txt", "wall time", convert=seconds),
-          digits=header("measured_edge_digits_run.txt", "wall time", convert=seconds)),
+          teacher=wall_time_of("measured_edge_teacher_run.txt"),
+          digits=wall_time_of("measured_edge_digits_run.txt")),
 ]
 
 NOT_MEASURED = {

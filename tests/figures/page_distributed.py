@@ -1,6 +1,6 @@
 """The figures of docs/distributed.rst: the all-reduce, data-parallel, callback and fault
 benchmarks."""
-from figures import Quote, cell, day, derived, header, number, shown, span
+from figures import Quote, cell, date_of, derived, number, shown, span
 
 PAGE = "docs/distributed.rst"
 FUSED = [f"allreduce_fused_run{i}.txt" for i in (1, 2, 3)]
@@ -64,7 +64,7 @@ QUOTES = [
           wide=derived("{:.1f}", lambda r: 100 * (r - 1), cell(CALLBACK, "wide", 5))),
     Quote("``.venv/bin/python benchmarks/fault_times.py`` on {date} (raw output in "
           "``benchmarks/results/fault_times_run.txt``)",
-          date=header(FAULTS, "date", convert=day)),
+          date=date_of(FAULTS)),
     Quote("exit status 1 - {raised} * - raises, caught by the script",
           raised=fault("raise")),
     Quote("ranks in step up to there - {caught} *", caught=fault("caught")),

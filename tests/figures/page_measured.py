@@ -3,7 +3,7 @@ cost, and measured_edge.py's runs. The section on the float32 loss is checked ag
 its results by tests/test_float32_loss_page.py."""
 import re
 
-from figures import Quote, day, first_load, grep, header, read
+from figures import Quote, date_of, grep, load_of, read
 
 PAGE = "docs/measured.rst"
 CHECKED_ELSEWHERE = {"Lifting the float16 seed ceiling": "tests/test_float32_loss_page.py"}
@@ -54,8 +54,8 @@ QUOTES = [
           where=grep(REPORT, r"the most subnormal [\d.]+% at step (\d+)"),
           zero=grep(REPORT, r"last at step \d+: ([\d.]+)% zero")),
     Quote("``./run.sh demo`` on {date} with a load average of {load} before the run",
-          date=header(DEMO, "date", convert=day),
-          load=header(DEMO, "load before", convert=first_load)),
+          date=date_of(DEMO),
+          load=load_of(DEMO)),
 ]
 
 NOT_MEASURED = {
@@ -70,7 +70,9 @@ NOT_MEASURED = {
 }
 
 CONVERGENCE = "convergence_spike.txt"
-WATCH = r"watch \(measured, step 0 left out\): .*\(\+([\d.]+)% per watched step\): \+([\d.]+)% of the run's step time; from the differences to probe's steps of the same index: \+([\d.]+)%"
+WATCH = (r"watch \(measured, step 0 left out\): .*\(\+([\d.]+)% per watched step\): "
+         r"\+([\d.]+)% of the run's step time; from the differences to probe's steps of "
+         r"the same index: \+([\d.]+)%")
 QUOTES += [
     Quote("(on the digits MLP each watched step took {step}% longer than the others, "
           "+{run}% of the run's step time: ``benchmarks/results/convergence_spike.txt``)",
@@ -114,7 +116,7 @@ def subnormal(run):
 
 QUOTES += [
     Quote("of the runs of {date})",
-          date=header("measured_edge_teacher_run.txt", "date", convert=day)),
+          date=date_of("measured_edge_teacher_run.txt")),
     Quote("Probe holds {held} without losing a step, and loses {lost} steps besides the "
           "spike's at its tries above it. Measured growth watches every step until its "
           "history holds four, loses no step besides the spike's and runs at a median "

@@ -1,5 +1,5 @@
 """The figures of docs/quickstart.rst: the demo's time, and the training loop's output."""
-from figures import Quote, day, first_load, grep, header, shown
+from figures import Quote, date_of, grep, load_of, shown
 
 PAGE = "docs/quickstart.rst"
 DEMO = "demo.txt"
@@ -8,8 +8,8 @@ QUOTES = [
     Quote("({total} s in all on {date}, with a load average of {load} before the run: "
           "``benchmarks/results/demo.txt``)",
           total=grep(DEMO, r"total time ([\d.]+) s"),
-          date=header(DEMO, "date", convert=day),
-          load=header(DEMO, "load before", convert=first_load)),
+          date=date_of(DEMO),
+          load=load_of(DEMO)),
     Quote("one doubling at step {step}",
           step=shown(PAGE, r"^step (\d+): scale 2048; next scale 4096$")),
 ]

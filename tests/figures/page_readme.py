@@ -1,5 +1,5 @@
 """The README's figures: the demo's time, and the quick start's shown output."""
-from figures import Quote, day, first_load, grep, header, shown
+from figures import Quote, date_of, grep, load_of, shown
 
 PAGE = "README.md"
 DEMO = "demo.txt"
@@ -11,8 +11,8 @@ QUOTES = [
           fp16=grep(DEMO, r"training time\s+([\d.]+) s"),
           flt=grep(DEMO, r"training time\s+[\d.]+ s\s+([\d.]+) s"),
           ratio=grep(DEMO, r"here (\d+) times slower than float"),
-          date=header(DEMO, "date", convert=day),
-          load=header(DEMO, "load before", convert=first_load)),
+          date=date_of(DEMO),
+          load=load_of(DEMO)),
     Quote("At step {step} the history leaves room for two doublings at once",
           step=shown(PAGE, r"^step (\d+): scale 1024 -> 4096$")),
 ]
