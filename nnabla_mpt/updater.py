@@ -251,7 +251,7 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.
             if self._comm is not None:
                 agreement.check_not_armed(self._comm)
             if self._feed is None:
-                self._stale.look()          # the script writes the inputs itself? (twice)
+                self._stale.look(self._accum_grad)    # the script writes the inputs?
             result = self._step(1)
             while result.skipped and result.attempts <= self._max_retries:
                 result = self._step(result.attempts + 1)

@@ -83,7 +83,9 @@ class StaleInputs:
     graph's data inputs are read at the first two ``update()`` calls (only there: no cost
     later) and,
     where every one held the same values at both, a warning names them once: every step
-    would train on the same batch.
+    would train on the same batch. And with ``accum_grad > 1`` a warning says once that
+    each step sums one batch ``accum_grad`` times: nothing writes the inputs between its
+    forward passes.
 
     Args:
         inputs: The data inputs of the loss's graph
@@ -93,12 +95,21 @@ class StaleInputs:
     def __init__(self, inputs: List[Any]) -> None:
         self._inputs = inputs
         self._first: Optional[List[Any]] = None
+        self._summed_warned = False
         self.calls = 0
 
-    def look(self) -> None:
+    def look(self, accum_grad: int) -> None:
         """Reads the inputs before an ``update()`` runs (the first two; later ones
-        return)."""
+        return), and warns about ``accum_grad`` passes over one batch (once)."""
         self.calls += 1
+        if accum_grad > 1 and self._inputs and not self._summed_warned:
+            self._summed_warned = True
+            logger.warning(f"nnabla_mpt: accum_grad={accum_grad} without a data_feeder: "
+                           f"each update() runs {accum_grad} forward and backward passes "
+                           f"over the same inputs, nothing writes a new micro-batch between "
+                           f"them, so every step sums one batch {accum_grad} times. Pass "
+                           f"data_feeder=..., a function of no arguments that writes the "
+                           f"next micro-batch (x.d = ...)")
         if self.calls > 2 or not self._inputs:
             return
         values = [np.array(v.d, copy=True) for v in self._inputs]

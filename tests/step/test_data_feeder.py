@@ -121,3 +121,41 @@ def test_inputs_written_each_step_are_not_warned_about(caplog, writer):
             net.x.d = net.batch(i)[0]
         updater.update()
     assert _stale_warnings(caplog) == []
+
+
+def _summed_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if "sums one batch" in r.getMessage()]
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_accumulation_without_a_feeder_is_warned_about_once(caplog, later):
+    # accum_grad > 1 and no feeder: the passes of a step all read the same inputs
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, None, scale=8.0,
+                                        accum_grad=1 if later else 3)
+    for i in range(4):
+        if later and i == 2:
+            updater.accum_grad = 3
+        net.feed(i)                               # the script writes a batch a step
+        updater.update()
+    assert _summed_warnings(caplog) == [
+        "nnabla_mpt: accum_grad=3 without a data_feeder: each update() runs 3 forward and "
+        "backward passes over the same inputs, nothing writes a new micro-batch between "
+        "them, so every step sums one batch 3 times. Pass data_feeder=..., a function of "
+        "no arguments that writes the next micro-batch (x.d = ...)"]
+    assert _stale_warnings(caplog) == []
+
+
+@pytest.mark.parametrize("feeder", [True, False])
+def test_accumulation_with_a_feeder_or_one_pass_is_not_warned_about(caplog, feeder):
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net()
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss,
+                                        net.feeder if feeder else None,
+                                        accum_grad=3 if feeder else 1)
+    for i in range(3):
+        if not feeder:
+            net.feed(i)
+        updater.update()
+    assert _summed_warnings(caplog) == []
