@@ -36,11 +36,14 @@ POLICY = "state['policy']"
 
 def _counter(name: str, doc: str) -> property:
     """A counter of the updater as a documented attribute, kept in ``_<name>`` (which the
-    step loop updates directly)."""
+    step loop updates directly). An assignment (a script that numbers its own run) takes
+    an integer >= 0, between steps."""
     key = "_" + name
 
     def set_(updater: Any, value: int) -> None:
-        setattr(updater, key, value)
+        value = check.integer(f"{type(updater).__name__}.{name}", value, ge=0)
+        with updater.between_steps(f"{name} = {value!r}"):
+            setattr(updater, key, value)
 
     return property(attrgetter(key), set_, doc=doc)
 
@@ -251,7 +254,7 @@ class Resumable(StepCounters):
         self._policy.load_state_dict(policy_state, name=POLICY)
         if self._schedule is not None:
             self._schedule.load_state_dict(state["precision"])
-        self.steps, self.updates, self.skipped_steps = (
+        self._steps, self._updates, self._skipped_steps = (
             checked["steps"], checked["updates"], checked["skipped_steps"])
         self._meter.load_state_dict(checked)
         self._collapse.overflow_streak = checked["overflow_streak"]

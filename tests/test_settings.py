@@ -360,3 +360,34 @@ def test_a_fixed_scale_assigned_is_bounded_as_the_constructor_bounds_it():
     with pytest.raises(ValueError):
         FixedLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=2.0 ** 16)
     assert updater.scale == 1024.0 and updater.update().scale == 1024.0
+
+
+@pytest.mark.parametrize("name", ["steps", "updates", "skipped_steps"])
+def test_counters_take_integers_from_zero_between_steps(name):
+    net = Net()
+    errors = []
+
+    def monitor(result):
+        if updater.steps == 2:
+            try:
+                setattr(updater, name, 0)
+            except RuntimeError as error:
+                errors.append(str(error))
+
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, monitor=monitor)
+    updater.update()
+    setattr(updater, name, 7)
+    assert getattr(updater, name) == 7
+    with pytest.raises(ValueError, match=rf"DynamicLossScalingUpdater.{name} must be >= 0, "
+                                         r"got -1"):
+        setattr(updater, name, -1)
+    with pytest.raises(TypeError, match=rf"DynamicLossScalingUpdater.{name} must be an "
+                                        r"integer, got 2.5"):
+        setattr(updater, name, 2.5)
+    assert getattr(updater, name) == 7
+    setattr(updater, name, 1)
+    updater.update()                      # the monitor tries an assignment: refused
+    assert errors == [f"DynamicLossScalingUpdater.{name} = 0 refused during update() (from "
+                      f"a data_feeder or a monitor): assign it between update() calls; it "
+                      f"takes effect from the next one"]
+    assert getattr(updater, name) == (1 if name == "skipped_steps" else 2)   # one step on
