@@ -11,6 +11,7 @@ into the updater's docstring. Keywords that moved into those objects still work 
 release, with a ``DeprecationWarning`` naming their new spelling (:data:`MOVED`).
 """
 import inspect
+import math
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ from .monitoring import checked_step_hook
 from .distributed import gradient_reduction as reduction
 from .distributed.gradient_reduction import GradientReduction
 from .scale.bounded_policy import OPTIONS as POLICY_OPTIONS, policy_settings
-from .scale.policy import GROWTH_MODES, DynamicLossScale, FixedLossScale, GrowthMode
+from .scale.policy import (DEFAULT_MAX_SCALE, DEFAULT_MIN_SCALE, GROWTH_MODES,
+                           DynamicLossScale, FixedLossScale, GrowthMode)
 from .scale.precision import PrecisionSchedule
 from .step.feeder import checked_feeder
 from .step.overflow_handling import OverflowHandling
@@ -151,7 +153,8 @@ POLICY = Option(
     "dtype can seed. Given with it, ``scale`` may only be ``\"auto\"`` and ``scaling_factor``, "
     "``N`` and ``growth_mode`` not at all: the policy holds them. None (default): the policy "
     "of ``scale``, ``scaling_factor``, ``N`` and ``growth_mode``, backing off by "
-    "``1 / scaling_factor`` between ``min_scale=1`` and ``max_scale=2**24``.",
+    f"``1 / scaling_factor`` between ``min_scale={DEFAULT_MIN_SCALE:g}`` and "
+    f"``max_scale=2**{math.frexp(DEFAULT_MAX_SCALE)[1] - 1}``.",
     _instance(DynamicLossScale))
 OVERFLOW = Option(
     "overflow", OverflowHandling(), OverflowHandling,

@@ -11,7 +11,8 @@ from nnabla.logger import logger
 
 from ..core import _validate as check
 from ..core.dtypes import FloatType
-from .policy import DynamicLossScale, FixedLossScale
+from .policy import (DEFAULT_HYSTERESIS, DEFAULT_MAX_SCALE, DEFAULT_MIN_SCALE,
+                     DynamicLossScale, FixedLossScale)
 
 #: The dynamic updater's options that make its policy (:func:`policy_settings`) and go
 #: no further.
@@ -42,7 +43,8 @@ def policy_settings(owner: str, values: Mapping[str, Any], given: Mapping[str, A
         return settings, dict(settings)
     settings = dict({"scale": values["scale"], "growth_factor": factor,
                      "growth_interval": interval, "growth_mode": growth_mode,
-                     "hysteresis": 1, "min_scale": 1.0, "max_scale": 2.0 ** 24,
+                     "hysteresis": DEFAULT_HYSTERESIS, "min_scale": DEFAULT_MIN_SCALE,
+                     "max_scale": DEFAULT_MAX_SCALE,
                      "backoff_factor": 1.0 / factor},
                     **{name: _MOVED_CHECKS[name](name, value) for name, value in moved.items()
                        if value is not None})

@@ -31,6 +31,9 @@ GrowthMode = Literal["probe", "measured"]
 GROWTH_MODES = ("probe", "measured")
 #: The first scale of a :class:`DynamicLossScale` given none: the largest float16 can seed.
 DEFAULT_INIT_SCALE = 2.0 ** 15
+#: The bounds and the hysteresis of a :class:`DynamicLossScale` made without them, and of
+#: the dynamic updater's policy when no ``policy=`` is given.
+DEFAULT_MIN_SCALE, DEFAULT_MAX_SCALE, DEFAULT_HYSTERESIS = 1.0, 2.0 ** 24, 1
 
 
 def _scale_value(name: str, value: Any, **bounds) -> float:
@@ -92,8 +95,9 @@ class DynamicLossScale:
 
     def __init__(self, init_scale: Optional[float] = None, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
-                 hysteresis: int = 1, min_scale: float = 1.0,
-                 max_scale: float = 2.0 ** 24, growth_mode: GrowthMode = "probe") -> None:
+                 hysteresis: int = DEFAULT_HYSTERESIS, min_scale: float = DEFAULT_MIN_SCALE,
+                 max_scale: float = DEFAULT_MAX_SCALE,
+                 growth_mode: GrowthMode = "probe") -> None:
         if init_scale is None:
             init_scale = min(DEFAULT_INIT_SCALE, check.real("max_scale", max_scale, gt=0.0))
         settings = {"scale": init_scale, "growth_factor": growth_factor,
