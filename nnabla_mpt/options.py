@@ -11,12 +11,10 @@ into the updater's docstring. Keywords that moved into those objects still work 
 release, with a ``DeprecationWarning`` naming their new spelling (:data:`MOVED`).
 """
 import inspect
-import math
 import textwrap
 import warnings
 from dataclasses import dataclass, field
-from typing import (Any, Callable, Dict, Literal, Mapping, Optional, Sequence, Tuple,
-                    Union)
+from typing import Any, Callable, Dict, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import nnabla as nn
 
@@ -154,7 +152,7 @@ POLICY = Option(
     "``N`` and ``growth_mode`` not at all: the policy holds them. None (default): the policy "
     "of ``scale``, ``scaling_factor``, ``N`` and ``growth_mode``, backing off by "
     f"``1 / scaling_factor`` between ``min_scale={DEFAULT_MIN_SCALE:g}`` and "
-    f"``max_scale=2**{math.frexp(DEFAULT_MAX_SCALE)[1] - 1}``.",
+    f"``max_scale=2**{int(DEFAULT_MAX_SCALE).bit_length() - 1}``.",
     _instance(DynamicLossScale))
 OVERFLOW = Option(
     "overflow", OverflowHandling(), OverflowHandling,
