@@ -152,8 +152,10 @@ class _ScaledSquaresGraph(_GradientGraph):
     magnitude ``m``, as BLAS ``nrm2`` does: finite for all finite gradients.
 
     On the device, in float32: ``m``, the largest ``|g|`` (at least the smallest normal
-    float32, so that zeros divide), ``r = 1 / m``, and ``s``, the sum of the squares of
-    ``g * r`` (each at most 1). The arrays are packed into matrices ``X`` of 4 columns
+    float32, so that zeros divide), ``r = 1 / m`` (at least the smallest normal float32
+    too: above ``2**126`` its reciprocal would be subnormal, which a device that flushes
+    subnormals to zero would make 0, and the norm NaN), and ``s``, the sum of the squares
+    of ``g * r`` (each at most 16). The arrays are packed into matrices ``X`` of 4 columns
     (:func:`_matrix`): ``X diag(r)`` scales them, the trace of the Gram matrix of the
     result is ``s`` (on the CPU nnabla's matrix products run far faster than its
     element-wise products, and on 4 columns faster than on 1). One read of ``[r, s]``;
@@ -176,7 +178,8 @@ class _ScaledSquaresGraph(_GradientGraph):
             if len(peaks) > 1:
                 peaks = [F.max(F.concatenate(*peaks), axis=1, keepdims=True)]
             smallest = float(np.finfo(np.float32).tiny)
-            inverse = F.r_div_scalar(F.maximum_scalar(peaks[0], smallest))     # r = 1 / m
+            inverse = F.maximum_scalar(F.r_div_scalar(F.maximum_scalar(peaks[0], smallest)),
+                                       smallest)                             # r = 1 / m
             eye = nn.Variable.from_numpy_array(np.eye(_WIDTH, dtype=np.float32).reshape(1, -1))
             diagonal = F.reshape(F.affine(inverse, eye), (1, _WIDTH, _WIDTH))
             grams = []
