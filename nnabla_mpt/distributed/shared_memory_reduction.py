@@ -21,7 +21,8 @@ def shm_area_bytes(size: int) -> int:
 
     Smaller chunks keep more of a chunk in the caches between the copy in, the sum and
     the copy out: with two ranks on one machine, 1-2 MiB chunks reduced buffers of 2-5
-    million float32 elements 15-20% faster than 4 MiB chunks.
+    million float32 elements faster than 4 MiB chunks (``benchmarks/README.md`` keeps the
+    runs).
     """
     per_area = SHM_NODE_BUDGET_BYTES // (size + 1)
     per_area = max(SHM_AREA_MIN_BYTES, min(SHM_AREA_MAX_BYTES, per_area))

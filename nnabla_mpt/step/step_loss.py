@@ -5,14 +5,13 @@ holds only the last micro-batch's loss, and a value kept for later is overwritte
 next step. So for each forward pass of a step the loss gets an array of its own
 (:meth:`LossRecorder.forward`), and the step's result keeps the arrays. A step's
 :class:`StepLosses` come from a ring of two steps' worth (:meth:`LossRecorder.start`), so
-a step writes into arrays it has written before (the first forward pass into a new array
-costs an allocation, about 10 µs a step for a 1e4-parameter model); losses that a result
-still holds go with the result, and new ones take their place in the ring. Reading a
-loss to the host costs 15-20 µs inside a training step on the CPU (and a synchronisation
-on a GPU), so the arrays are read only where a value is needed: when
-``StepResult.loss`` is asked for, on a skipped step (was a loss non-finite?), for the
-ranks' mean (it travels with the gradients' all-reduce) and for the precision
-schedule's loss trigger.
+a step writes into arrays it has written before (a forward pass into a new array costs an
+allocation at every step); losses that a result still holds go with the result, and new
+ones take their place in the ring. Reading a loss is a transfer to the host inside the
+training step (and a synchronisation on a GPU), so the arrays are read only where a value
+is needed: when ``StepResult.loss`` is asked for, on a skipped step (was a loss
+non-finite?), for the ranks' mean (it travels with the gradients' all-reduce) and for the
+precision schedule's loss trigger.
 
 A loss computed in place (``F.reshape`` of the loss, by default) shares its input's array
 and a new array would never be written: such a loss is read right after each forward
@@ -41,8 +40,8 @@ _HOST = get_extension_context("cpu", type_config="float")
 
 def scalar_value(array: "nn.NdArray") -> float:
     """The first value of ``array`` as a float, read through a host view in the dtype it
-    holds (so that reading leaves it as it is): a few µs where ``float(variable.d)`` costs
-    about 100 µs in nnabla 1.39."""
+    holds (so that reading leaves it as it is), far cheaper than ``float(variable.d)`` in
+    nnabla 1.39."""
     return float(host_view(array, dtype_of(array), _HOST)[0])
 
 
