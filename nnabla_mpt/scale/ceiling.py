@@ -13,6 +13,7 @@ from typing import Any, Optional
 from nnabla.logger import logger
 
 from ..core.dtypes import FloatType
+from .policy import growth_factors
 
 #: Powers of two of room beyond the ceiling from which the ceiling is said to hold the
 #: scale (the margin of measured growth aside).
@@ -76,12 +77,8 @@ class GrowthLimit:
 
 
 def _reachable(before: float, room: float, factor: float) -> float:
-    """The scale ``room`` allows from ``before``: ``before * factor**k``, the largest
-    ``k >= 0`` with ``factor**(k + 1) <= room`` counted as the policy counts it (``inf``
-    where the room is)."""
+    """The scale ``room`` allows from ``before``, as the policy counts its growth
+    (:func:`~nnabla_mpt.scale.policy.growth_factors`); ``inf`` where the room is."""
     if math.isinf(room):
         return math.inf
-    k = 0
-    while factor ** (k + 1) <= room:
-        k += 1
-    return before * factor ** k
+    return before * factor ** growth_factors(room, factor)

@@ -16,6 +16,7 @@ Example:
     >>> policy.loss_scale
     1024.0
 """
+import math
 from typing import Any, Callable, Dict, Literal, Mapping, Optional, Tuple
 
 from ..core import _validate as check
@@ -34,6 +35,18 @@ DEFAULT_INIT_SCALE = 2.0 ** 15
 #: The bounds and the hysteresis of a :class:`DynamicLossScale` made without them, and of
 #: the dynamic updater's policy when no ``policy=`` is given.
 DEFAULT_MIN_SCALE, DEFAULT_MAX_SCALE, DEFAULT_HYSTERESIS = 1.0, 2.0 ** 24, 1
+
+
+def growth_factors(room: float, factor: float, scale: float = 1.0,
+                   cap: float = math.inf) -> int:
+    """How many factors a measured growth takes from ``scale``: the largest ``k >= 0``
+    with ``factor**(k + 1) <= room`` (``room``: the factor the gradients allow), counted
+    no further than where ``scale * factor**k`` reaches ``cap``. ``room`` and ``cap``
+    must not both be ``inf``."""
+    k = 0
+    while factor ** (k + 1) <= room and scale * factor ** k < cap:
+        k += 1
+    return k
 
 
 def _scale_value(name: str, value: Any, **bounds) -> float:
@@ -176,10 +189,7 @@ class DynamicLossScale:
         factor = self.growth_factor
         if self.growth_mode == "probe" or room is None:
             return min(self._scale * factor, cap)
-        k = 0
-        while factor ** (k + 1) <= room and self._scale * factor ** k < cap:
-            k += 1
-        return min(self._scale * factor ** k, cap)
+        return min(self._scale * factor ** growth_factors(room, factor, self._scale, cap), cap)
 
     #: The constructor's arguments that a state carries besides the scale.
     SETTINGS = ("growth_factor", "backoff_factor", "growth_interval", "hysteresis",
