@@ -45,6 +45,11 @@ FIGURE = re.compile(
     r"|(?<![\w.*/=-])\d+\.\d+(?![\w.])")
 
 
+#: Reasons for ``NOT_MEASURED`` that several pages give.
+MARGIN = "measured growth's margin for one batch, a constant of the updater"
+VERSION = "a version of Python, nnabla or CUDA"
+
+
 def _record():
     spec = importlib.util.spec_from_file_location(
         "record", ROOT / "benchmarks" / "record.py")

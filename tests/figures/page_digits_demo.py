@@ -1,5 +1,5 @@
 """The figures of examples/digits_demo.py: its docstring and its --help texts."""
-from figures import Quote, grep
+from figures import MARGIN, Quote, grep
 
 PAGE = "examples/digits_demo.py"
 
@@ -9,7 +9,7 @@ QUOTES = [
 ]
 
 NOT_MEASURED = {
-    "8 times": "measured growth's margin for one batch, a constant of the updater",
+    "8 times": MARGIN,
     "10 s": "the least time between two progress lines, the demo's setting",
     "90%": "the share of the steps in fp16 of the example schedule 'fast|step|0.9'",
     "1.4": "the least margin measured growth's history sets, the square root of 2",

@@ -1,4 +1,5 @@
 """The figures of docs/gpu.rst: none is measured here (no GPU is at hand)."""
+from figures import VERSION
 
 PAGE = "docs/gpu.rst"
 
@@ -10,7 +11,7 @@ NOT_MEASURED = {
     "60 s": "nnabla-ext-cuda 1.39's watchdog timeout of init, as its source sets it",
     "50 s": "nnabla-ext-cuda 1.39's watchdog timeout of all_reduce on rank 0 (its source)",
     "250 s": "nnabla-ext-cuda 1.39's watchdog timeout of all_reduce on the other ranks",
-    "1.39": "a version of Python, nnabla or CUDA",
+    "1.39": VERSION,
     "0.02": "tools/gpu_check.py's absolute tolerance between the losses",
     "200 steps": "tools/gpu_check.py's training check, its length",
 }

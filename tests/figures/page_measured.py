@@ -3,7 +3,7 @@ cost, and measured_edge.py's runs. The section on the float32 loss is checked ag
 its results by tests/test_float32_loss_page.py."""
 import re
 
-from figures import Quote, date_of, grep, load_of, read
+from figures import MARGIN, Quote, date_of, grep, load_of, read
 
 PAGE = "docs/measured.rst"
 CHECKED_ELSEWHERE = {"Lifting the float16 seed ceiling": "tests/test_float32_loss_page.py"}
@@ -59,7 +59,7 @@ QUOTES = [
 ]
 
 NOT_MEASURED = {
-    "8 times": "measured growth's margin for one batch, a constant of the updater",
+    "8 times": MARGIN,
     "steps 20": "the example's spike, its setting (SPIKE = range(20, 23))",
     "60 times": "the example's spike factor, its setting",
     "steps 100": "measured_edge.py's spike, its setting (--spike-at 100)",

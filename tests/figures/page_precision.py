@@ -1,11 +1,12 @@
 """The figures of docs/precision.rst: settings, none measured."""
+from figures import VERSION
 
 PAGE = "docs/precision.rst"
 
 QUOTES = []
 
 NOT_MEASURED = {
-    "1.39": "a version of Python, nnabla or CUDA",
+    "1.39": VERSION,
     "0.2": "the least VALUE of a step trigger",
     "0.9": "the default VALUE of a step trigger, and the examples' schedule",
     "0.90": "an example of one schedule written two ways",

@@ -1,5 +1,5 @@
 """The README's figures: the demo's time, and the quick start's shown output."""
-from figures import Quote, date_of, grep, load_of, shown
+from figures import MARGIN, VERSION, Quote, date_of, grep, load_of, shown
 
 PAGE = "README.md"
 DEMO = "demo.txt"
@@ -18,15 +18,15 @@ QUOTES = [
 ]
 
 NOT_MEASURED = {
-    "8 times": "measured growth's margin for one batch, a constant of the updater",
+    "8 times": MARGIN,
     "steps 19": "the quick start's growth points after step 9, every N=10 steps (its "
                 "setting); its shown output says the scale held there",
-    "3.8": "a version of Python, nnabla or CUDA",
-    "3.9": "a version of Python, nnabla or CUDA",
-    "3.10": "a version of Python, nnabla or CUDA",
-    "1.36": "a version of Python, nnabla or CUDA",
-    "1.39": "a version of Python, nnabla or CUDA",
-    "11.0": "a version of Python, nnabla or CUDA",
-    "11.6": "a version of Python, nnabla or CUDA",
-    "12.0": "a version of Python, nnabla or CUDA",
+    "3.8": VERSION,
+    "3.9": VERSION,
+    "3.10": VERSION,
+    "1.36": VERSION,
+    "1.39": VERSION,
+    "11.0": VERSION,
+    "11.6": VERSION,
+    "12.0": VERSION,
 }
