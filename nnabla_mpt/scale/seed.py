@@ -3,8 +3,9 @@
 Given a number, ``loss.backward(scale)`` makes nnabla tell it from an array with a NumPy
 call, build a new array, fill it with the scale and drop it after the pass, at every
 backward pass, a measurable part of an updater's step on small models on the CPU
-(``benchmarks/backward_seed.py``; ``benchmarks/README.md`` keeps its runs). Given an ``NdArray``, nnabla seeds the pass with that
-array itself, leaves it as it is and puts the loss's own gradient array back afterwards.
+(``benchmarks/backward_seed.py``; ``benchmarks/README.md`` keeps its runs). Given an
+``NdArray``, nnabla seeds the pass with that array itself, leaves it as it is and puts
+the loss's own gradient array back afterwards.
 So one array filled once per scale serves every pass at that scale, with the same values:
 nnabla fills the array it would make the same way, and casts it to the loss's dtype alike.
 
