@@ -106,7 +106,7 @@ def read(path) -> "tuple[dict, str]":
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 3 or argv[1] != "--":
-        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
+        print("\n\n".join(__doc__.split("\n\n")[1:3]), file=sys.stderr)
         return 2
     out, command = argv[0], argv[2:]
     head = header(command)
