@@ -36,14 +36,17 @@ POLICY = "state['policy']"
 
 def _counter(name: str, doc: str) -> property:
     """A counter of the updater as a documented attribute, kept in ``_<name>`` (which the
-    step loop updates directly). An assignment (a script that numbers its own run) takes
-    an integer >= 0, between steps."""
+    step loop updates directly). An assignment is refused with what to do instead: the
+    counters hold together (``steps == updates + skipped_steps``), and a state saved with
+    one of them set alone would not load."""
     key = "_" + name
 
-    def set_(updater: Any, value: int) -> None:
-        value = check.integer(f"{type(updater).__name__}.{name}", value, ge=0)
-        with updater.between_steps(f"{name} = {value!r}"):
-            setattr(updater, key, value)
+    def set_(updater: Any, value: Any) -> None:
+        raise AttributeError(
+            f"{type(updater).__name__}.{name} = {value!r} refused: the counters are the "
+            f"updater's record of its run (steps = updates + skipped_steps), changed by "
+            f"update() and by load_state_dict()/load_checkpoint() only; count steps of your "
+            f"own in a variable of the script")
 
     return property(attrgetter(key), set_, doc=doc)
 
