@@ -106,10 +106,11 @@ class StaleInputs:
             self._summed_warned = True
             logger.warning(f"nnabla_mpt: accum_grad={accum_grad} without a data_feeder: "
                            f"each update() runs {accum_grad} forward and backward passes "
-                           f"over the same inputs, nothing writes a new micro-batch between "
-                           f"them, so every step sums one batch {accum_grad} times. Pass "
-                           f"data_feeder=..., a function of no arguments that writes the "
-                           f"next micro-batch (x.d = ...)")
+                           f"over the same inputs ({self._names()}), nothing writes a new "
+                           f"micro-batch between them, so every step sums one batch "
+                           f"{accum_grad} times. Pass data_feeder=..., a function of no "
+                           f"arguments that writes the next micro-batch (x.d = ...); "
+                           f"inputs that are constants of the model are no batch")
         if self.calls > 2 or not self._inputs:
             return
         values = [np.array(v.d, copy=True) for v in self._inputs]
@@ -120,11 +121,14 @@ class StaleInputs:
                    for a, b in zip(self._first, values))
         self._first = None
         if same:
-            names = ", ".join(f"{v.name!r}" if v.name else f"#{i} of shape {tuple(v.shape)}"
-                              for i, v in enumerate(self._inputs))
             logger.warning(f"nnabla_mpt: no data_feeder, and the inputs of the loss's graph "
-                           f"({names}) hold the same values at the first two update() "
+                           f"({self._names()}) hold the same values at the first two update() "
                            f"calls: every step "
                            f"trains on the same batch. Pass data_feeder=..., a function of no "
                            f"arguments that writes the next batch (x.d = ...), or write the "
                            f"inputs before each update()")
+
+    def _names(self) -> str:
+        """The inputs, by name, or by place and shape where they have none."""
+        return ", ".join(f"{v.name!r}" if v.name else f"#{i} of shape {tuple(v.shape)}"
+                         for i, v in enumerate(self._inputs))

@@ -141,9 +141,10 @@ def test_accumulation_without_a_feeder_is_warned_about_once(caplog, later):
         updater.update()
     assert _summed_warnings(caplog) == [
         "nnabla_mpt: accum_grad=3 without a data_feeder: each update() runs 3 forward and "
-        "backward passes over the same inputs, nothing writes a new micro-batch between "
-        "them, so every step sums one batch 3 times. Pass data_feeder=..., a function of "
-        "no arguments that writes the next micro-batch (x.d = ...)"]
+        "backward passes over the same inputs (#0 of shape (4, 3), #1 of shape (4, 2)), "
+        "nothing writes a new micro-batch between them, so every step sums one batch 3 "
+        "times. Pass data_feeder=..., a function of no arguments that writes the next "
+        "micro-batch (x.d = ...); inputs that are constants of the model are no batch"]
     assert _stale_warnings(caplog) == []
 
 
@@ -159,3 +160,22 @@ def test_accumulation_with_a_feeder_or_one_pass_is_not_warned_about(caplog, feed
             net.feed(i)
         updater.update()
     assert _summed_warnings(caplog) == []
+
+
+def test_a_graph_that_reads_no_input_needs_no_feeder(caplog):
+    # its randomness comes from F.randn: every pass draws anew, nothing to feed
+    import nnabla as nn
+    import nnabla.functions as F
+    import nnabla.parametric_functions as PF
+    import nnabla.solvers as S
+
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    nn.clear_parameters()
+    with nn.parameter_scope("noise_only"):
+        loss = F.mean(PF.affine(F.randn(shape=(4, 3)), 2) ** 2)
+    solver = S.Sgd(1e-3)
+    solver.set_parameters(nn.get_parameters())
+    updater = DynamicLossScalingUpdater(solver, loss, None, scale=8.0, accum_grad=2)
+    losses = [updater.update().loss for _ in range(3)]
+    assert len(set(losses)) == 3                    # each step saw other noise
+    assert _summed_warnings(caplog) == [] and _stale_warnings(caplog) == []
