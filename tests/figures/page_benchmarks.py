@@ -45,9 +45,9 @@ QUOTES = [
           after=grep(CONVERGENCE, r"^measured .*?\s\d+\s+(\d+ of \d+)"),
           share=grep(CONVERGENCE, r"^measured .*?\d+ of \d+ \(([\d.]+%)\)"),
           probe_after=grep(CONVERGENCE, r"^probe .*?\s\d+\s+(\d+ of \d+)")),
-    Quote("cost +{run}% of the run's step time against probe (+{paired}% from the paired "
-          "differences to probe's steps), each watched step {step}% more than an ordinary "
-          "one.",
+    Quote("cost +{run}% of the run's step time (its watched steps against its other "
+          "steps; +{paired}% from the paired differences to probe's steps of the same "
+          "index), each watched step {step}% more than an ordinary one.",
           run=grep(CONVERGENCE, r"per watched step\): \+([\d.]+)% of the run"),
           paired=grep(CONVERGENCE, r"same index: \+([\d.]+)%"),
           step=grep(CONVERGENCE, r"\(\+([\d.]+)% per watched step\)")),

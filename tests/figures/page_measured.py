@@ -33,8 +33,8 @@ QUOTES = [
           initial=grep(DEMO, r"loss scale: initial (\d+)", convert=power)),
     Quote("Measured growth holds at {held} of its {points} growth points (the circles)",
           held=grep(DEMO, r"(\d+)\s+held;"), points=grep(DEMO, r"(\d+) growth points")),
-    Quote("up to the ceiling ``2**15`` at step {top}; from there the ceiling, not the "
-          "gradients, holds it ({ceiling} growth points)",
+    Quote("up to the ceiling ``2**15`` at step {top}; the ceiling, not the gradients, "
+          "held it at {ceiling} growth points",
           top=grep(DEMO, r"\b(\d+):32768\b"),
           ceiling=grep(DEMO, r"held;\s+(\d+) of them held by the largest scale")),
     Quote("It skipped {skipped} of the 1000 steps (step {step}, at ``{scale}``, {after} "
