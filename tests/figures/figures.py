@@ -26,6 +26,7 @@ import ast
 import importlib.util
 import json
 import re
+import string
 from functools import lru_cache
 
 from doc_pages import ROOT, directive_spans, page_blocks
@@ -33,18 +34,31 @@ from doc_pages import ROOT, directive_spans, page_blocks
 RESULTS = ROOT / "benchmarks" / "results"
 
 #: Words that state a figure: a number with a unit of time, a ratio or a share, "k of n",
-#: "k steps" (or updates, all-reduces, growth points), "step k", a speed-up, and any
-#: number with a decimal point; searched in the page's
+#: "k steps" (or updates, all-reduces, growth points), "step k" (or a range of steps), a
+#: date, a power of two (``2**k``), a speed-up, and any number with a decimal point; searched in the page's
 #: prose with its whitespace collapsed.
 FIGURE = re.compile(
     r"(?<![\w.*/=-])[+−-]?\d[\d,]*(?:\.\d+)?(?:[–-]\d[\d,]*(?:\.\d+)?)?"
     r"(?:\s?(?:%|×|ms\b|µs\b|s\b|seconds?\b|minutes?\b|MB\b|times\b|per thousand\b)"
     r"|x\b| of (?:the |its )?\d[\d,]*\b"
     r"| (?:steps?|updates?|all-reduces?|growth points?|skipped)\b)"
-    r"|\bsteps? \d[\d,]*\b"
-    r"|(?<![\w.*/=-])\d+\.\d+(?![\w.])")
+    r"|\bsteps? \d[\d,]*(?:[–-]\d[\d,]*)?\b"
+    r"|\b\d{4}-\d\d-\d\d\b"
+    r"|\b2\*\*-?\d+"
+    r"|(?<![\w.*/=-])\d+\.\d+(?!\w|\.\d)")
 
 
+#: Powers of two that are facts of the number formats or of the updaters' defaults,
+#: no measurement wherever a page names them.
+FORMAT_CONSTANTS = {
+    "2**15": "float16's largest power of two, the ceiling of a float16 loss's scale",
+    "2**16": "the first power of two float16 cannot hold",
+    "2**-14": "float16's smallest normal value",
+    "2**-24": "float16's smallest subnormal value",
+    "2**127": "float32's largest power of two",
+    "2**-149": "float32's smallest subnormal value",
+    "2**24": "the default max_scale",
+}
 #: Reasons for ``NOT_MEASURED`` that several pages give.
 MARGIN = "measured growth's margin for one batch, a constant of the updater"
 VERSION = "a version of Python, nnabla or CUDA"
@@ -182,6 +196,16 @@ def date_of(source: str) -> Figure:
     return header(source, "date", convert=lambda stamp: stamp[:10])
 
 
+def date_of_all(*sources: str) -> Figure:
+    """The day every one of ``sources`` was measured; fails naming them where the days
+    differ."""
+    def day():
+        days = {source: results(source)[0]["date"][:10] for source in sources}
+        assert len(set(days.values())) == 1, f"measured on different days: {days}"
+        return next(iter(days.values()))
+    return Figure(day, "{}", sources)
+
+
 def load_of(source: str) -> Figure:
     """The 1-minute load average before a results file's run (a text or a list)."""
     def first(loads):
@@ -211,8 +235,35 @@ class Quote:
         self.template, self.fields = template, fields
 
     def text(self) -> str:
-        return " ".join(self.template.format(
-            **{name: figure.text() for name, figure in self.fields.items()}).split())
+        return self.rendered()[0]
+
+    def rendered(self) -> "tuple[str, list]":
+        """``(text, spans)``: the sentence with its fields filled in from the results,
+        whitespace as one space, and where in it each field's text lies."""
+        text, spans = "", []
+        for literal, name, _, _ in string.Formatter().parse(self.template):
+            text += literal
+            if name is not None:
+                value = self.fields[name].text()
+                spans.append((len(text), len(text) + len(value)))
+                text += value
+        return collapse(text, spans)
+
+
+def collapse(text: str, spans) -> "tuple[str, list]":
+    """``text`` with each run of whitespace as one space (none at the ends), and
+    ``spans`` moved along."""
+    out, where = [], []
+    for char in text:
+        where.append(len(out))
+        if not char.isspace():
+            out.append(char)
+        elif out and out[-1] != " ":
+            out.append(" ")
+    where.append(len(out))
+    joined = "".join(out)
+    stripped = joined.rstrip(" ")
+    return stripped, [(where[a], min(where[b], len(stripped))) for a, b in spans]
 
 
 # --------------------------------------------------------------------- the pages' prose
@@ -269,15 +320,27 @@ def prose(page: str, skip_sections=()) -> str:
     return " ".join(text.split())
 
 
-def unquoted_figures(text: str, quotes, not_measured) -> "list[str]":
-    """The figure-like words of ``text`` outside every quote's text, less the words of
-    ``not_measured``."""
+def unquoted_figures(text: str, quotes, phrases) -> "list[str]":
+    """The figure-like words of ``text`` one of whose digits lies outside every field of
+    the ``quotes`` (:class:`Quote`) found in it, outside every one of ``phrases`` (words
+    that are no measurement, each with the context that says so) and outside the
+    :data:`FORMAT_CONSTANTS` (the base of a power of two, ``2**``, is no digit of its
+    figure)."""
     covered = []
     for quote in quotes:
-        start = text.find(quote)
-        while start >= 0:
-            covered.append((start, start + len(quote)))
-            start = text.find(quote, start + 1)
+        quoted, spans = quote.rendered()
+        for start in _occurrences(text, quoted):
+            covered += [(start + a, start + b) for a, b in spans]
+    for phrase in list(phrases) + list(FORMAT_CONSTANTS):
+        covered += [(start, start + len(phrase)) for start in _occurrences(text, phrase)]
     return [m.group(0) for m in FIGURE.finditer(text)
-            if not any(a <= m.start() and m.end() <= b for a, b in covered)
-            and m.group(0) not in not_measured]
+            if not all(any(a <= i < b for a, b in covered)
+                       for i in range(m.start(), m.end())
+                       if text[i].isdigit() and text[i:i + 3] != "2**")]
+
+
+def _occurrences(text: str, part: str):
+    start = text.find(part)
+    while start >= 0:
+        yield start
+        start = text.find(part, start + 1)

@@ -9,10 +9,11 @@ QUOTES = [
 ]
 
 NOT_MEASURED = {
-    "8 times": MARGIN,
-    "10 s": "the least time between two progress lines, the demo's setting",
-    "90%": "the share of the steps in fp16 of the example schedule 'fast|step|0.9'",
-    "1.4": "the least margin measured growth's history sets, the square root of 2",
-    "0.9": "the example schedule's VALUE in --help",
-    "1.05": "the example loss trigger's VALUE in --help",
+    "keeps every gradient 8 times": MARGIN,
+    "between 1.4 and 8 times": "the bounds of the margin measured growth's history sets "
+                               "(the square root of 2, and 8)",
+    "at least 10 s after": "the least time between two progress lines, the demo's setting",
+    "once 10 s have passed": "the least time between two progress lines, the demo's setting",
+    "'fast|step|0.9': fp16 for the first 90%": "the example schedule of --help",
+    "'fast|loss|1.05'": "the example loss trigger of --help",
 }

@@ -59,14 +59,15 @@ QUOTES = [
 ]
 
 NOT_MEASURED = {
-    "8 times": MARGIN,
-    "steps 20": "the example's spike, its setting (SPIKE = range(20, 23))",
-    "60 times": "the example's spike factor, its setting",
-    "steps 100": "measured_edge.py's spike, its setting (--spike-at 100)",
-    "step 4": "the example's first growth point, N=5 (its setting)",
-    "steps 0": "the steps before the example's first growth point, N=5 (its setting)",
-    "200 steps": "measured_edge.py's run length, its setting (--steps)",
-    "25 steps": "measured growth's watch interval, WATCH_EVERY",
+    "8 times below float16's largest value: a later batch's may be 8 times": MARGIN,
+    "8192 keeps the largest gradient at scale 1 8 times below": MARGIN,
+    "steps 20 to 22 are 60 times larger": "the example's spike, its setting",
+    "first growth point, step 4: its history then held steps 0 to 4":
+        "the example's first growth point, N=5 (its setting)",
+    "At steps 100 to 103": "measured_edge.py's spike, its setting (--spike-at 100)",
+    "for 200 steps": "measured_edge.py's run length, its setting (--steps)",
+    "every 25 steps": "measured growth's watch interval, WATCH_EVERY",
+    "of the 1000 steps": "the demo's length, its --steps default",
 }
 
 CONVERGENCE = "convergence_spike.txt"

@@ -5,6 +5,6 @@ PAGE = "docs/migration.rst"
 QUOTES = []
 
 NOT_MEASURED = {
-    "0.9": "the example schedule's VALUE",
-    "0.5": "nnabla's backoff_factor default, and an example's min_scale",
+    '"fast|step|0.9"': "the example schedule's VALUE",
+    "``min_scale`` of 0.5": "an example setting",
 }

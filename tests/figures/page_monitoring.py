@@ -25,10 +25,12 @@ QUOTES = [
 ]
 
 NOT_MEASURED = {
-    "96 times": "the example network's gradients at scale 1, fixed by its input (8) and "
-                "weights (0.5)",
-    "step 1234": "an example of the windows' arithmetic",
-    "step 1299": "an example of the windows' arithmetic",
-    "66 steps": "an example of the windows' arithmetic",
-    "50 steps": "the demo's --stats-every default",
+    "about 96 times the scale": "the example network's gradients at scale 1, fixed by its "
+                                "input (8) and weights (0.5)",
+    "at step 1234": "an example of the windows' arithmetic",
+    "at step 1299": "an example of the windows' arithmetic",
+    "a window of 66 steps": "an example of the windows' arithmetic",
+    "an interval of 50 steps": "the demo's --monitor-interval default",
+    "statistics every 50 steps": "the demo's --stats-every default",
+    "a scale of ``2**20`` reads": "an example of the series' six digits",
 }

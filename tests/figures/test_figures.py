@@ -47,7 +47,7 @@ def test_no_figure_without_its_results(name):
     module = PAGES[name]
     text = page_prose(module)
     allowed = {**module.NOT_MEASURED, **getattr(module, "CHECKED_BY", {})}
-    loose = unquoted_figures(text, [q.text() for q in module.QUOTES], allowed)
+    loose = unquoted_figures(text, module.QUOTES, allowed)
     assert not loose, (f"{module.PAGE}: figures quoted from no results file: {loose}; list "
                        f"them in tests/figures/{name}.py")
 
@@ -60,8 +60,7 @@ def test_listed_words_are_on_the_page(name):
     stale = [word for word in listed if word not in text]
     assert not stale, f"{module.PAGE} no longer says {stale}: drop them from {name}.py"
     for word, test in getattr(module, "CHECKED_BY", {}).items():
-        page = pathlib.PurePath(module.PAGE).name
-        assert page in (ROOT / test).read_text(encoding="utf-8"), (word, test)
+        assert (ROOT / test).is_file(), (word, test)
 
 
 def assert_facts(source: str) -> None:
@@ -103,15 +102,20 @@ def test_a_figure_changed_by_hand_fails():
 
 def test_the_scan_finds_figures():
     text = ("took 61.4 s at load 0.11, 5.7–6.7× faster, +0.76% of a run, 1 of 1000 steps, "
-            "reached at step 640, about 10 µs, 3 times, 2.0x, 21.63% zero, 8 per thousand; "
-            "not ``scale=0.5``, 2**15 or nnabla-1.39.0")
+            "reached at step 640, about 10 µs, 3 times, 2.0x, 21.63% zero, 8 per thousand, "
+            "steps 100–103 on 2026-11-27 at 2**12 and 0.975. Not ``scale=0.5`` or "
+            "nnabla-1.39.0; 2**15 is float16's")
     assert [m.group(0) for m in FIGURE.finditer(text)] == [
         "61.4 s", "0.11", "5.7–6.7×", "+0.76%", "1 of 1000", "step 640", "10 µs", "3 times",
-        "2.0x", "21.63%", "8 per thousand"]
-    assert unquoted_figures(text, [Quote("took 61.4 s at load 0.11").text()],
-                            {"3 times"}) == [
-        "5.7–6.7×", "+0.76%", "1 of 1000", "step 640", "10 µs", "2.0x", "21.63%",
-        "8 per thousand"]
+        "2.0x", "21.63%", "8 per thousand", "steps 100–103", "2026-11-27", "2**12", "0.975",
+        "2**15"]
+    quote = Quote("took {t} s at load 0.11, {low}–6.7× faster", t=Figure(lambda: 61.4),
+                  low=Figure(lambda: 5.7))
+    # the digits of the quote's fields are covered, not those it writes itself; a phrase
+    # listed as no measurement covers its own; 2**15 is a fact of float16
+    assert unquoted_figures(text, [quote], {"3 times"}) == [
+        "0.11", "5.7–6.7×", "+0.76%", "1 of 1000", "step 640", "10 µs", "2.0x", "21.63%",
+        "8 per thousand", "steps 100–103", "2026-11-27", "2**12", "0.975"]
 
 
 def test_included_results_say_date_machine_load_and_command():
