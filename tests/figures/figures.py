@@ -35,14 +35,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 #: Words that state a figure: a number with a unit of time, a ratio or a share, "k of n",
 #: "k steps" (or updates, all-reduces, growth points), "step k" (or a range of steps), a
-#: date, a power of two (``2**k``), a speed-up, and any number with a decimal point; searched in the page's
-#: prose with its whitespace collapsed.
+#: date, a power of two (``2**k``), a speed-up, and any number with a decimal point;
+#: searched in the page's prose with its whitespace collapsed.
 FIGURE = re.compile(
     r"(?<![\w.*/=-])[+−-]?\d[\d,]*(?:\.\d+)?(?:[–-]\d[\d,]*(?:\.\d+)?)?"
     r"(?:\s?(?:%|×|ms\b|µs\b|s\b|seconds?\b|minutes?\b|MB\b|times\b|per thousand\b)"
     r"|x\b| of (?:the |its )?\d[\d,]*\b"
     r"| (?:steps?|updates?|all-reduces?|growth points?|skipped)\b)"
-    r"|\bsteps? \d[\d,]*(?:[–-]\d[\d,]*)?\b"
+    r"|\bsteps?[ -]\d[\d,]*(?:[–-]\d[\d,]*)?\b"
     r"|\b\d{4}-\d\d-\d\d\b"
     r"|\b2\*\*-?\d+"
     r"|(?<![\w.*/=-])\d+\.\d+(?!\w|\.\d)")
@@ -278,7 +278,8 @@ def rst_prose(text: str, skip_sections=()) -> str:
     images) and without the sections titled in ``skip_sections``."""
     lines = text.splitlines()
     drop = {i for a, b in directive_spans(lines) for i in range(a, b)
-            if not re.match(r"^\s*\.\. (%s)::" % "|".join(TEXT_DIRECTIVES), lines[a])}
+            if not re.match(r"^\s*\.\. (%s)::" % "|".join(TEXT_DIRECTIVES), lines[a])
+            and i not in _alt_text(lines, a, b)}
     for title in skip_sections:
         start = next(i for i, line in enumerate(lines)
                      if line == title and set(lines[i + 1]) == {"-"})
@@ -289,6 +290,19 @@ def rst_prose(text: str, skip_sections=()) -> str:
                     and len(lines[i + 1]) >= len(lines[i])), len(lines))
         drop.update(range(start, end))
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def _alt_text(lines, first: int, last: int) -> "set[int]":
+    """The lines of an image's ``:alt:`` text (read as prose: it describes the figure in
+    words and numbers) within the directive of lines ``first`` to ``last``."""
+    start = next((i for i in range(first, last) if lines[i].lstrip().startswith(":alt:")),
+                 None)
+    if start is None:
+        return set()
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next((i for i in range(start + 1, last)
+                if len(lines[i]) - len(lines[i].lstrip()) <= indent), last)
+    return set(range(start, end))
 
 
 def md_prose(text: str) -> str:

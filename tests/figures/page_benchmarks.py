@@ -17,8 +17,15 @@ def added(model):
     return derived("{:.1f}", lambda r: 100 * (r - 1), ratio(model, 12))
 
 
-def scale_at(run, pattern):
-    return grep(CONVERGENCE, rf"^{run}: .*{pattern}")
+def before_spike(run):
+    """The power of two of the run's scale before the convergence run's spike."""
+    return grep(CONVERGENCE, rf"^spike_{run}: scale before the spike 2\^(\d+)")
+
+
+def after_spike(run):
+    """The power of two of the run's scale after its first growth point past the spike."""
+    return grep(CONVERGENCE, r"first growth point after the spike, step \d+: 2\^\d+ -> "
+                r"2\^(\d+)", after=rf"^spike_{run}:")
 
 
 QUOTES = [
@@ -54,14 +61,16 @@ QUOTES = [
           run=grep(CONVERGENCE, r"per watched step\): \+([\d.]+)% of the run"),
           paired=grep(CONVERGENCE, r"same index: \+([\d.]+)%"),
           step=grep(CONVERGENCE, r"\(\+([\d.]+)% per watched step\)")),
-    Quote("probe growth was at ``2**{probe_after}``, three factors below its scale before "
-          "the spike (``2**{probe_before}``), and measured growth at ``2**{measured_after}``, "
-          "two factors above its own (``2**{measured_before}``).",
-          probe_after=grep(CONVERGENCE, r"step \d+: 2\^\d+ -> 2\^(\d+): NOT within"),
-          probe_before=grep(CONVERGENCE, r"^spike_probe: scale before the spike 2\^(\d+)"),
-          measured_after=grep(CONVERGENCE, r"step \d+: 2\^\d+ -> 2\^(\d+): within"),
-          measured_before=grep(CONVERGENCE,
-                               r"^spike_measured: scale before the spike 2\^(\d+)")),
+    Quote("probe growth was at ``2**{probe_after}``, {probe_below} factors below its scale "
+          "before the spike (``2**{probe_before}``), and measured growth at "
+          "``2**{measured_after}``, {measured_above} factors above its own "
+          "(``2**{measured_before}``).",
+          probe_after=after_spike("probe"), probe_before=before_spike("probe"),
+          probe_below=derived("{:.0f}", lambda a, b: b - a, after_spike("probe"),
+                              before_spike("probe")),
+          measured_after=after_spike("measured"), measured_before=before_spike("measured"),
+          measured_above=derived("{:.0f}", lambda a, b: a - b, after_spike("measured"),
+                                 before_spike("measured"))),
     Quote("random network (the default, {teacher} s) or on the digits MLP ({digits} s)",
           teacher=wall_time_of("measured_edge_teacher_run.txt"),
           digits=wall_time_of("measured_edge_digits_run.txt")),

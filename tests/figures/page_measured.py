@@ -68,6 +68,7 @@ NOT_MEASURED = {
     "for 200 steps": "measured_edge.py's run length, its setting (--steps)",
     "every 25 steps": "measured growth's watch interval, WATCH_EVERY",
     "of the 1000 steps": "the demo's length, its --steps default",
+    "statistics over 1000 steps": "the demo's length, its --steps default",
 }
 
 CONVERGENCE = "convergence_spike.txt"
@@ -105,9 +106,20 @@ def held(model, scenario="skipped"):
                 convert=literal_power, after=rf"^## {scenario} spike")
 
 
-def beside_spike(text):
-    """How many skipped steps of a report row fall outside the spike (steps 100-103)."""
-    return sum(not 100 <= int(step) <= 103 for step in text.split(","))
+def beside_spike(model, scenario, run, say=len):
+    """What ``say`` makes of the skipped steps of a report row that fall outside the
+    spike (the steps the report's first line names)."""
+    def steps(body):
+        first, last = map(int, re.search(r"spike: steps (\d+)\.\.(\d+)", body).groups())
+        row = re.search(ROW.format(run), body[body.index(f"## {scenario} spike"):], re.M)
+        return say([int(step) for step in row.group(SKIPPED).split(",")
+                    if not first <= int(step) <= last])
+    return read(f"measured_edge_{model}_report.txt", steps)
+
+
+def in_words(steps) -> str:
+    """A count of steps as the prose says it: "no step", "one step", "k steps"."""
+    return {0: "no step", 1: "one step"}.get(len(steps), f"{len(steps)} steps")
 
 
 def subnormal(run):
@@ -120,7 +132,7 @@ QUOTES += [
           date=date_of("measured_edge_teacher_run.txt")),
     Quote("Probe holds {held} without losing a step, and loses {lost} steps besides the "
           "spike's at its tries above it. Measured growth watches every step until its "
-          "history holds four, loses no step besides the spike's and runs at a median "
+          "history holds four, loses {measured_lost} besides the spike's and runs at a median "
           "scale of {median}, the highest probe holds, leaving a fraction of {sub} of the "
           "gradient values subnormal on the same gradients (probe: {probe_sub}). After the "
           "skipped spike it is back at {first} at the first growth point, in one move, "
@@ -129,7 +141,8 @@ QUOTES += [
           "{trained_first}, within one factor, {trained_back} steps after the spike "
           "(probe: {probe_trained_back} steps).",
           held=held("teacher"),
-          lost=edge("teacher", "skipped", "probe", SKIPPED, beside_spike),
+          lost=beside_spike("teacher", "skipped", "probe"),
+          measured_lost=beside_spike("teacher", "skipped", "measured", in_words),
           median=edge("teacher", "skipped", "measured", MEDIAN, literal_power),
           sub=subnormal("measured"), probe_sub=subnormal("probe"),
           first=edge("teacher", "skipped", "measured", FIRST_GROWTH, literal_power),
@@ -140,15 +153,15 @@ QUOTES += [
           trained_back=edge("teacher", "trained", "measured", BACK_IN),
           probe_trained_back=edge("teacher", "trained", "probe", BACK_IN)),
     Quote("probe holds {held} and loses {lost} steps besides the spike's. Measured growth "
-          "lost one step, {step}, where the gradients grow early in training faster than "
-          "its first passes showed, and held a median of {median}; it too comes back within "
-          "one factor at the first growth point after each spike, {back} and {trained_back} "
+          "lost {measured_lost}, {step}, where the gradients grow early in training faster "
+          "than its first passes showed, and held a median of {median}; it too comes back "
+          "within one factor at the first growth point after each spike, {back} and {trained_back} "
           "steps after it (probe: {probe_back} and {probe_trained_back})",
           held=held("digits"),
-          lost=edge("digits", "skipped", "probe", SKIPPED, beside_spike),
-          step=edge("digits", "skipped", "measured", SKIPPED,
-                    lambda t: ", ".join(s.strip() for s in t.split(",")
-                                        if not 100 <= int(s) <= 103)),
+          lost=beside_spike("digits", "skipped", "probe"),
+          measured_lost=beside_spike("digits", "skipped", "measured", in_words),
+          step=beside_spike("digits", "skipped", "measured",
+                            lambda steps: ", ".join(map(str, steps))),
           median=edge("digits", "skipped", "measured", MEDIAN, literal_power),
           back=edge("digits", "skipped", "measured", BACK_IN),
           trained_back=edge("digits", "trained", "measured", BACK_IN),

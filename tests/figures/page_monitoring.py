@@ -5,10 +5,28 @@ from figures import Figure, Quote, read, shown
 PAGE = "docs/monitoring.rst"
 
 
-def first_step(series: str, test) -> Figure:
-    """The first step of a report example series whose value passes ``test``."""
-    return read(f"report_example/loss-scale-{series}.series.txt",
-                lambda pairs: next(step for step, value in pairs if test(value)))
+SCALE, HELD = "scale", "growth-held-by-ceiling"
+
+
+def series(name: str, function) -> Figure:
+    """What ``function`` makes of a report example series, ``[(step, value), ...]``."""
+    return read(f"report_example/loss-scale-{name}.series.txt", function)
+
+
+def first_step(name: str, test) -> Figure:
+    """The first step of a series whose value passes ``test``."""
+    return series(name, lambda pairs: next(step for step, value in pairs if test(value)))
+
+
+def window_start(name: str, test) -> Figure:
+    """The first step of the window whose last step is :func:`first_step`: one after the
+    step the series wrote before it."""
+    return series(name, lambda pairs: next(pairs[k - 1][0] + 1 for k in range(1, len(pairs))
+                                           if test(pairs[k][1])))
+
+
+def top(value):
+    return value == 32768
 
 
 QUOTES = [
@@ -17,11 +35,10 @@ QUOTES = [
     Quote("the scale backs off from 8192 (at the end of the first window) to 1024 (at step "
           "{low}); measured growth then takes it up to 32768 in the window of steps "
           "{top_first}-{top}, and from step {held} on the ceiling of a float16 loss holds it",
-          low=first_step("scale", lambda v: v == 1024),
-          top_first=read("report_example/loss-scale-scale.series.txt",
-                         lambda pairs: next(s for s, v in pairs if v == 32768) - 9),
-          top=first_step("scale", lambda v: v == 32768),
-          held=first_step("growth-held-by-ceiling", lambda v: v > 0)),
+          low=first_step(SCALE, lambda v: v == 1024), top_first=window_start(SCALE, top),
+          top=first_step(SCALE, top), held=first_step(HELD, lambda v: v > 0)),
+    Quote("from 8192 down to 1024 by the step-{low} window, then up to 32768 from step {top} "
+          "on", low=first_step(SCALE, lambda v: v == 1024), top=first_step(SCALE, top)),
 ]
 
 NOT_MEASURED = {
@@ -33,4 +50,5 @@ NOT_MEASURED = {
     "an interval of 50 steps": "the demo's --monitor-interval default",
     "statistics every 50 steps": "the demo's --stats-every default",
     "a scale of ``2**20`` reads": "an example of the series' six digits",
+    "the headroom every 10 steps": "the example run's --monitor-interval and --stats-every",
 }

@@ -6,8 +6,9 @@ DEMO = "demo.txt"
 
 QUOTES = [
     Quote("In the demo's 1000 steps fp16 training took {fp16} s and float training {flt} s: "
-          "{ratio} times slower, by the demo's unrounded times (`./run.sh demo` on {date}, on a 2-core AMD EPYC with a load "
-          "average of {load} before the run: `benchmarks/results/demo.txt`)",
+          "{ratio} times slower, by the demo's unrounded times (`./run.sh demo` on {date}, "
+          "on a 2-core AMD EPYC with a load average of {load} before the run: "
+          "`benchmarks/results/demo.txt`)",
           fp16=grep(DEMO, r"training time\s+([\d.]+) s"),
           flt=grep(DEMO, r"training time\s+[\d.]+ s\s+([\d.]+) s"),
           ratio=grep(DEMO, r"here (\d+) times slower than float"),
