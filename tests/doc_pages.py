@@ -50,6 +50,21 @@ def directive_spans(lines):
     return spans
 
 
+def section_span(lines, title: str):
+    """``(first, last)`` line indices (last exclusive) of the rst section titled ``title``
+    (underlined with ``-``), up to the next title of its level or above. Raises
+    ``ValueError`` naming the title when the page has no such section."""
+    start = next((i for i, line in enumerate(lines[:-1])
+                  if line == title and set(lines[i + 1]) == {"-"}), None)
+    if start is None:
+        raise ValueError(f"no section titled {title!r}")
+    end = next((i for i in range(start + 2, len(lines) - 1)
+                if lines[i].strip() and not lines[i].startswith(" ")
+                and lines[i + 1][:1] in ("-", "=") and set(lines[i + 1]) == {lines[i + 1][0]}
+                and len(lines[i + 1]) >= len(lines[i])), len(lines))
+    return start, end
+
+
 def md_blocks(text: str, language: str = "python"):
     """Bodies of the fenced ```<language> blocks of a Markdown text, in order."""
     return [m.group(1) for m in re.finditer(r"```" + re.escape(language) + r"\n(.*?)```",

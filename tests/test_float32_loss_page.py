@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from doc_pages import ROOT, directive_spans
+from doc_pages import ROOT, directive_spans, section_span
 
 PAGE = ROOT / "docs" / "measured.rst"
 RESULTS = ROOT / "benchmarks" / "results" / "float32_loss.json"
@@ -33,12 +33,7 @@ CONSTANTS = {"127", "24", "65504", "0.9", "6"}
 def section(text: str) -> str:
     """The text of the section titled TITLE, up to the next title of its level or above."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line == TITLE and set(lines[i + 1]) == {"-"})
-    end = next((i for i in range(start + 2, len(lines) - 1)
-                if lines[i].strip() and not lines[i].startswith(" ")
-                and len(set(lines[i + 1])) == 1 and lines[i + 1][0] in "-="
-                and len(lines[i + 1]) >= len(lines[i])), len(lines))
+    start, end = section_span(lines, TITLE)
     return "\n".join(lines[start:end])
 
 

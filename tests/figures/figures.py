@@ -29,7 +29,7 @@ import re
 import string
 from functools import lru_cache
 
-from doc_pages import ROOT, directive_spans, page_blocks
+from doc_pages import ROOT, directive_spans, page_blocks, section_span
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -64,7 +64,8 @@ MARGIN = "measured growth's margin for one batch, a constant of the updater"
 VERSION = "a version of Python, nnabla or CUDA"
 
 
-def _record():
+def record_module():
+    """``benchmarks/record.py``, which writes and reads the results files."""
     spec = importlib.util.spec_from_file_location(
         "record", ROOT / "benchmarks" / "record.py")
     module = importlib.util.module_from_spec(spec)
@@ -90,7 +91,7 @@ def results(name: str):
         if missing:
             raise ValueError(f"{path}: no {missing[0]!r}")
         return fields, body
-    return _record().read(path)
+    return record_module().read(path)
 
 
 def report_example(series: str):
@@ -281,14 +282,7 @@ def rst_prose(text: str, skip_sections=()) -> str:
             if not re.match(r"^\s*\.\. (%s)::" % "|".join(TEXT_DIRECTIVES), lines[a])
             and i not in _alt_text(lines, a, b)}
     for title in skip_sections:
-        start = next(i for i, line in enumerate(lines)
-                     if line == title and set(lines[i + 1]) == {"-"})
-        end = next((i for i in range(start + 2, len(lines) - 1)
-                    if lines[i].strip() and not lines[i].startswith(" ")
-                    and lines[i + 1][:1] in ("-", "=")
-                    and set(lines[i + 1]) == {lines[i + 1][0]}
-                    and len(lines[i + 1]) >= len(lines[i])), len(lines))
-        drop.update(range(start, end))
+        drop.update(range(*section_span(lines, title)))
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
 
 

@@ -1,10 +1,10 @@
 """benchmarks/record.py keeps a command's output under the facts of its run, written whole
 and only when the command succeeds."""
-import importlib.util
 import subprocess
 import sys
 
 from doc_pages import ROOT
+from figures import record_module
 
 RECORD = ROOT / "benchmarks" / "record.py"
 
@@ -15,10 +15,7 @@ def record(out, *command):
 
 
 def read(path):
-    spec = importlib.util.spec_from_file_location("record", RECORD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.read(path)
+    return record_module().read(path)
 
 
 def test_a_run_is_kept_with_its_facts(tmp_path, monkeypatch):
