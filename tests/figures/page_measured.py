@@ -155,8 +155,8 @@ QUOTES += [
     Quote("probe holds {held} and loses {lost} steps besides the spike's. Measured growth "
           "lost {measured_lost}, {step}, where the gradients grow early in training faster "
           "than its first passes showed, and held a median of {median}; it too comes back "
-          "within one factor at the first growth point after each spike, {back} and {trained_back} "
-          "steps after it (probe: {probe_back} and {probe_trained_back})",
+          "within one factor at the first growth point after each spike, {back} and "
+          "{trained_back} steps after it (probe: {probe_back} and {probe_trained_back})",
           held=held("digits"),
           lost=beside_spike("digits", "skipped", "probe"),
           measured_lost=beside_spike("digits", "skipped", "measured", in_words),
