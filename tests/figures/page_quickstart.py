@@ -10,8 +10,10 @@ QUOTES = [
           total=grep(DEMO, r"total time ([\d.]+) s"),
           date=date_of(DEMO),
           load=load_of(DEMO)),
-    Quote("one doubling at step {step}",
-          step=shown(PAGE, r"^step (\d+): scale 2048; next scale 4096$")),
+    Quote("one doubling at step {first}, one at {second}, one at {third}",
+          first=shown(PAGE, r"^step (\d+): scale 2048; next scale 4096$"),
+          second=shown(PAGE, r"^step (\d+): scale 4096; next scale 8192$"),
+          third=shown(PAGE, r"^step (\d+): scale 8192; next scale 16384$")),
 ]
 
 NOT_MEASURED = {
