@@ -316,11 +316,37 @@ def script_prose(text: str) -> str:
     return "\n".join(parts).replace("%%", "%")
 
 
+def autodoc_prose(text: str) -> str:
+    """The docstrings an rst page renders through ``.. autoclass::`` and its kin (a class's
+    with those of its public methods and properties), without their doctest examples,
+    which the docs tests run."""
+    import inspect
+    import nnabla_mpt
+
+    parts = []
+    for name in re.findall(r"^\.\. auto(?:class|function|data|exception|module):: (\S+)",
+                           text, re.M):
+        module, _, attribute = name.rpartition(".")
+        if not module:
+            owner = nnabla_mpt
+        else:
+            owner = importlib.import_module(module)
+        obj = getattr(owner, attribute, None) or importlib.import_module(name)
+        parts.append(inspect.getdoc(obj) or "")
+        if inspect.isclass(obj):
+            parts += [inspect.getdoc(member) or "" for key, member in vars(obj).items()
+                      if not key.startswith("_")
+                      and (inspect.isfunction(member) or isinstance(member, property))]
+    return "\n\n".join(re.sub(r"^\s*>>>.*?(?:\n\s*\n|\Z)", "\n", part, flags=re.M | re.S)
+                       for part in parts)
+
+
 def prose(page: str, skip_sections=()) -> str:
-    """The prose of ``page`` (a path from the repository root), whitespace as one space."""
+    """The prose of ``page`` (a path from the repository root), whitespace as one space:
+    for an rst page, with the docstrings it renders (:func:`autodoc_prose`)."""
     text = (ROOT / page).read_text(encoding="utf-8")
     if page.endswith(".rst"):
-        text = rst_prose(text, skip_sections)
+        text = rst_prose(text, skip_sections) + "\n\n" + autodoc_prose(text)
     elif page.endswith(".md"):
         text = md_prose(text)
     else:
