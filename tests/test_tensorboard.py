@@ -48,6 +48,16 @@ def same(a, b):
     return a == b if math.isinf(a) or math.isinf(b) else a == pytest.approx(b, rel=1e-5)
 
 
+def assert_series_shown(shown, monitor_dir, steps):
+    """Every series the LossScaleMonitor wrote to ``monitor_dir`` is a scalar of
+    ``shown`` at the same ``steps``, with the same values."""
+    for key in KEYS:
+        written = series(monitor_dir, key)
+        assert sorted(shown[f"loss-scale/{key}"]) == sorted(written) == steps
+        for step, value in written.items():
+            assert same(shown[f"loss-scale/{key}"][step], value), (key, step)
+
+
 def test_the_scalars_are_the_monitor_series_at_the_same_steps(tmp_path):
     net = Net("half", hidden=3)
     net.large = set(LARGE)
@@ -65,11 +75,7 @@ def test_the_scalars_are_the_monitor_series_at_the_same_steps(tmp_path):
         updater.update()
     board.close()
     shown = scalars(tmp_path / "tb")
-    for key in KEYS:
-        written = series(tmp_path / "monitor", key)
-        assert sorted(shown[f"loss-scale/{key}"]) == sorted(written) == list(range(4, 30, 5))
-        for step, value in written.items():
-            assert same(shown[f"loss-scale/{key}"][step], value), (key, step)
+    assert_series_shown(shown, tmp_path / "monitor", list(range(4, 30, 5)))
     # each parameter's statistics, grouped by parameter, at the windows' last steps
     names = sorted(results[4].gradient_stats)
     assert names == sorted(net.params)
@@ -128,12 +134,8 @@ def test_a_resumed_run_continues_its_curves(tmp_path, how):
     assert len(files) == 2
     starts = [[e.step for e in events(f) if e.HasField("session_log")] for f in files]
     assert starts == [[0], [20]]            # the resumed writer's purge step
-    shown = scalars(tmp_path / "tb")
-    for key in KEYS:
-        written = series(tmp_path / "monitor", key)
-        assert sorted(shown[f"loss-scale/{key}"]) == sorted(written) == list(range(4, 35, 5))
-        for step, value in written.items():
-            assert same(shown[f"loss-scale/{key}"][step], value), (key, step)
+    assert_series_shown(scalars(tmp_path / "tb"), tmp_path / "monitor",
+                        list(range(4, 35, 5)))
 
 
 class Writer:
