@@ -31,7 +31,8 @@ def power(value) -> str:
 QUOTES = [
     Quote("The calibration starts at ``{initial}``",
           initial=grep(DEMO, r"loss scale: initial (\d+)", convert=power)),
-    Quote("Measured growth holds at {held} of its {points} growth points (the circles)",
+    Quote("Measured growth holds at {held} of its {points} growth points (circles and "
+          "squares)",
           held=grep(DEMO, r"(\d+)\s+held;"), points=grep(DEMO, r"(\d+) growth points")),
     Quote("up to the ceiling ``2**15`` at step {top}; the ceiling, not the gradients, "
           "held it at {ceiling} growth points",
