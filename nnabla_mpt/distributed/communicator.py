@@ -22,7 +22,7 @@ import nnabla as nn
 
 from ..core._hostarray import dtype_of
 from ..core._validate import boolean
-from . import shared_grads
+from . import memory_room, shared_grads
 from ._collective_args import check_group, ndarray_list
 from .abort import abort_job, install_excepthook
 from .broadcast import Broadcast
@@ -32,7 +32,7 @@ from .message_reduction import MessageReduction
 from .nnabla_api import NnablaCommunicatorAPI
 from .reduce_callback import AllReduceCallback, DeferredAllReduce
 from .shared_grads import ShareGrads, SharedGradients
-from .shared_memory_reduction import SharedMemoryReduction
+from .shared_memory_reduction import SharedMemoryReduction, window_bytes
 
 __all__ = ["MPICommunicator", "SharedGradients"]
 
@@ -168,12 +168,20 @@ class MPICommunicator(AllReduceCallback, Broadcast, ShareGrads, NnablaCommunicat
         self._comm, self._rank, self._size = comm, comm.Get_rank(), comm.Get_size()
         self._timeout = CollectiveTimeout(timeout, self._rank, self._size, comm.Abort)
         self._local_rank, self._local_size = _rank_on_machine(MPI, comm)
-        algorithm = _resolved_algorithm(algorithm, self._local_size, self._size)
+        given, algorithm = algorithm, _resolved_algorithm(algorithm, self._local_size,
+                                                          self._size)
         self._algorithm = algorithm
         self._shm = self._messages = None
         if algorithm != "shared_memory":
             self._messages = MessageReduction(MPI, comm, algorithm)
         elif self._size > 1:
+            missing = memory_room.shortfall("the all-reduce's window",
+                                            window_bytes(self._size), self._local_size, comm)
+            if missing:
+                raise ValueError(f"algorithm='shared_memory' (the scheme of "
+                                 f"algorithm={given!r} here): {missing}; free memory, or "
+                                 f"pass algorithm='reduce_scatter' to reduce through MPI "
+                                 f"messages")
             self._shm = SharedMemoryReduction(MPI, comm)
             self._timeout.absent = (lambda what: self._shm.absent()
                                     if what == "all_reduce" else None)

@@ -2,13 +2,13 @@
 :meth:`nnabla_mpt.MPICommunicator.share_grads`.
 
 :class:`SharedGradients` places the parameters' gradients in a shared-memory window and
-keeps them there; :func:`shortfall` checks first that the window fits in the machine's
-shared memory, where a full ``/dev/shm`` would otherwise kill the processes with ``SIGBUS``.
+keeps them there; :func:`shortfall` checks first that the window fits in the memory the
+ranks can get (:mod:`~nnabla_mpt.distributed.memory_room`), where it would otherwise end the
+job with ``SIGBUS`` or the out-of-memory killer.
 :class:`GradientWindows` holds a communicator's windows and finds the arrays of an
 all-reduce in them. :class:`ShareGrads` gives :class:`~nnabla_mpt.MPICommunicator` its
 ``share_grads`` and ``shared_memory_shortfall``.
 """
-import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -16,14 +16,12 @@ import numpy as np
 import nnabla as nn
 from nnabla.logger import logger
 
+from . import memory_room
 from .collective_timeout import timed
 from .fused_buffer import Layout
 from .shared_arrays import SharedArrays, padded
 
 __all__ = ["SharedGradients"]
-
-_SHM_DIR = "/dev/shm"
-
 
 def parameter_variables(params: Union[Dict[str, Any], Sequence[Any]]) -> List["nn.Variable"]:
     """The Variables of ``params`` (a dict of name to Variable, or a list), in order, after
@@ -52,38 +50,17 @@ def parameter_variables(params: Union[Dict[str, Any], Sequence[Any]]) -> List["n
 
 def shortfall(variables: Sequence["nn.Variable"], mpi_comm: Any, local_size: int) -> str:
     """Why the gradients of ``variables`` would not fit in the shared memory of the
-    ``local_size`` ranks of this machine, or ``""`` if they fit (or the free space cannot
-    be read). The ranks of ``mpi_comm`` agree on the answer (one collective), so that they
-    all decide alike.
+    ``local_size`` ranks of this machine, or ``""`` if they fit
+    (:func:`nnabla_mpt.distributed.memory_room.shortfall`: agreed by the ranks of
+    ``mpi_comm``).
     """
-    from mpi4py import MPI
-
     per_rank = 4 * sum(padded(int(v.size)) for v in variables)
-    needed = per_rank * local_size
-    free = _shm_free_bytes()
-    fits = free is None or needed <= free
-    if mpi_comm.allreduce(1 if fits else 0, op=MPI.MIN):
+    missing = memory_room.shortfall(f"the gradients ({memory_room.mib(per_rank)} a rank)",
+                                    per_rank * local_size, local_size, mpi_comm)
+    if not missing:
         return ""
-    if fits:
-        return (f"another rank found too little free space in {_SHM_DIR} for the "
-                f"gradients ({_mib(needed)})")
-    return (f"the gradients need {_mib(needed)} of shared memory for the "
-            f"{local_size} rank(s) of this machine ({_mib(per_rank)} each), and "
-            f"{_SHM_DIR} has {_mib(free)} free; make room there (a container's "
-            f"--shm-size) or do not share the gradients")
-
-
-def _shm_free_bytes() -> Optional[int]:
-    """Free bytes in the shared-memory file system, or None if it cannot be read."""
-    try:
-        st = os.statvfs(_SHM_DIR)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2 ** 20:,.1f} MiB"
+    return (f"{missing}; make room (free memory, or a container's --shm-size and memory "
+            f"limit) or do not share the gradients")
 
 
 class GradientWindows:
@@ -246,12 +223,17 @@ class ShareGrads:
     @timed("shared_memory_shortfall")
     def shared_memory_shortfall(self, variables: Sequence["nn.Variable"]) -> str:
         """Why the gradients of ``variables`` would not fit in this machine's shared memory,
-        or ``""`` if they fit (or the free space cannot be read).
+        or ``""`` if they fit (or neither figure below can be read).
 
         The window of :meth:`share_grads` takes the gradients' size in float32 per rank
-        of this machine from ``/dev/shm`` (where MPICH allocates it); a full ``/dev/shm``
-        would kill the processes with ``SIGBUS`` at the first write instead of raising.
-        The ranks agree on the answer (one collective), so that they all decide alike.
+        of this machine from ``/dev/shm`` (where MPICH allocates it), which is memory too:
+        a full ``/dev/shm`` would kill the processes with ``SIGBUS`` at the first write,
+        exhausted memory would bring the kernel's out-of-memory killer. So the window must
+        fit in ``/dev/shm``'s free space and in half of the memory the processes can still
+        get (``MemAvailable``, or what a cgroup's memory limit leaves, whichever is
+        smaller): the other half is left for the training
+        (:mod:`nnabla_mpt.distributed.memory_room`). The ranks agree on the answer (one
+        collective), so that they all decide alike.
         """
         self.n_collectives += 1  # the ranks' agreement on the answer
         return shortfall(variables, self._comm, self._local_size)

@@ -29,6 +29,13 @@ def shm_area_bytes(size: int) -> int:
     return per_area // 4096 * 4096
 
 
+def window_bytes(size: int) -> int:
+    """Bytes of shared memory the window of :class:`SharedMemoryReduction` takes for
+    ``size`` ranks, all of them together: a header and an input area per rank, and the
+    result area."""
+    return size * _HEADER_BYTES + (size + 1) * shm_area_bytes(size)
+
+
 class SharedMemoryReduction:
     """Fused all-reduce through an MPI shared-memory window, for ranks of one node.
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from mpi_helpers import RANKS, TIMEOUT, bits, ranks_fixture, run_mpi
+from mpi_helpers import RANKS, TIMEOUT, bits, ranks_fixture, run_mpi, run_ranks
 
 collectives = ranks_fixture("collectives.py")
 
@@ -327,6 +327,68 @@ def _small_training(type_config="float", seed=0):
     return solver, loss, feed
 
 
+beyond_memory = ranks_fixture("beyond_memory.py")
+
+
+def _check_refusals(n, res):
+    """What ``mpi_workers/beyond_memory.py`` saw on each of its ``n`` ranks: every request
+    that would not fit refused, naming both figures, and no window allocated."""
+    from nnabla_mpt.distributed.memory_room import mib
+    from nnabla_mpt.distributed.shared_arrays import padded
+
+    for r, (_, meta) in enumerate(res):
+        per_rank = 4 * padded(meta["huge_size"])  # beyond the machine's memory and /dev/shm
+        huge, errors = meta["huge_shortfall"], meta["errors"]
+        for fact in (f"{mib(per_rank * n)} of shared memory for the gradients "
+                     f"({mib(per_rank)} a rank) on the {n} rank(s) of this machine",
+                     "/dev/shm has ", " free", "(MemAvailable)", "do not share the gradients"):
+            assert fact in huge, (r, fact, huge)
+        assert meta["small_shortfall"] == ""
+        assert errors["share_grads"] == f"share_grads: {huge}"
+        # the updater's parameters are the huge one and a small one; the memory moves
+        facts = (f"on the {n} rank(s) of this machine do not fit: /dev/shm has ",
+                 "(MemAvailable)", "do not share the gradients")
+        assert errors["updater"].startswith("shared_grads=True cannot be honoured: ")
+        assert all(f in errors["updater"] for f in facts), errors["updater"]
+        if n > 1:
+            assert meta["auto_shared"] is False
+            assert len(meta["auto_warnings"]) == 1
+            warning = meta["auto_warnings"][0]
+            assert warning.startswith("nnabla_mpt: the gradients are not shared: ")
+            assert all(f in warning for f in facts), warning
+        # supplied figures: fits /dev/shm (1 GiB), not half of the memory (64 MiB)
+        for tag, source in (("memory", "MemAvailable"), ("cgroup", "the cgroup's memory limit")):
+            for fact in ("48.0 MiB of shared memory for the gradients", "/dev/shm has "
+                         "1,024.0 MiB free", f"64.0 MiB more memory ({source})", "at most half"):
+                assert fact in errors[tag], (r, tag, fact, errors[tag])
+        assert meta["half_of_memory_shortfall"] == ""
+        short = errors["rank0_short"]
+        assert ("64.0 MiB more memory" in short) == (r == 0), (r, short)
+        assert (r == 0) != (f"48.0 MiB of shared memory for the gradients "
+                            f"({mib((48 << 20) // n)} a rank) do not fit on another rank"
+                            in short), (r, short)
+        window = errors["window"]
+        if n == 1:
+            assert window is None  # one rank: no all-reduce window
+        else:
+            for fact in ("algorithm='shared_memory' (the scheme of algorithm='auto' here)",
+                         "of shared memory for the all-reduce's window", "4.0 MiB more memory",
+                         "algorithm='reduce_scatter'"):
+                assert fact in window, (r, fact, window)
+        assert meta["windows_allocated"] == 0
+
+
+def test_gradients_beyond_free_shared_memory_are_refused_before_allocating(tmp_path):
+    """In one process (the updater's and share_grads' own check, MPI as a singleton), under
+    an address-space limit in its own process, so that a defect fails the test instead of
+    the machine."""
+    _check_refusals(1, run_ranks(1, "beyond_memory.py", tmp_path))
+
+
+def test_shared_memory_beyond_what_the_ranks_can_get_is_refused_by_every_rank(beyond_memory):
+    _check_refusals(*beyond_memory)
+
+
 def test_shared_grads_in_one_process_trains_like_no_communicator(solo):
     import nnabla as nn
     from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction
@@ -388,34 +450,3 @@ def test_shared_grads_true_names_what_prevents_it(solo):
         assert all(v.grad == b for v, b in zip(solver.get_parameters().values(), before))
 
 
-def _beyond_shm(extra=2 ** 20):
-    """A parameter whose float32 gradient exceeds the free space of /dev/shm (nnabla
-    allocates nothing until the array is used)."""
-    import os
-    import nnabla as nn
-    st = os.statvfs("/dev/shm")
-    return nn.Variable((st.f_bavail * st.f_frsize // 4 + extra,), need_grad=True)
-
-
-def test_gradients_beyond_free_shared_memory_are_refused_before_allocating(solo):
-    import nnabla.solvers as S
-    from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction
-
-    huge = _beyond_shm()
-    with pytest.raises(ValueError, match=r"share_grads: the gradients need [\d,.]+ MiB of "
-                                         r"shared memory for the 1 rank\(s\) of this machine "
-                                         r"\([\d,.]+ MiB each\), and /dev/shm has [\d,.]+ MiB "
-                                         r"free; make room there"):
-        solo.share_grads([huge])
-    assert solo.shared_memory_shortfall([huge]) != ""
-    small = _small_training()[0].get_parameters()
-    assert solo.shared_memory_shortfall(list(small.values())) == ""
-    # the updater, asked to share, names the same reason
-    solver, loss, feed = _small_training()
-    params = dict(solver.get_parameters(), huge=huge)
-    big_solver = S.Sgd(0.1)
-    big_solver.set_parameters(params)
-    with pytest.raises(ValueError, match=r"shared_grads=True cannot be honoured: the "
-                                         r"gradients need .* /dev/shm has"):
-        DynamicLossScalingUpdater(big_solver, loss, feed, comm=solo,
-                                  reduction=GradientReduction(shared_grads=True))

@@ -102,16 +102,6 @@ def test_gradients_that_keep_leaving_are_reported_once(run):
         assert "found elsewhere at 3 zero() calls in a row" in meta["warnings"][0]
 
 
-def test_gradients_beyond_free_shared_memory_are_not_shared_and_said_so(run):
-    n, res = run
-    for _, meta in res:
-        assert meta["huge_shared"] is False
-        assert len(meta["huge_warnings"]) == 1
-        assert meta["huge_warnings"][0].startswith(
-            f"nnabla_mpt: the gradients are not shared: the gradients need ")
-        assert f"for the {n} rank(s) of this machine" in meta["huge_warnings"][0]
-
-
 def test_share_grads_errors_name_the_argument(run):
     n, res = run
     errors = res[0][1]["errors"]

@@ -128,24 +128,6 @@ for _ in range(4):
 meta["replaced_total"] = shared.n_replaced
 meta["warnings"] = list(warnings)
 
-# -- an updater whose gradients exceed the free shared memory: not shared, one warning
-import os  # noqa: E402
-
-import nnabla.functions as F  # noqa: E402
-import nnabla.solvers as S  # noqa: E402
-from nnabla_mpt import DynamicLossScalingUpdater  # noqa: E402
-
-st = os.statvfs("/dev/shm")
-huge = nn.Variable((st.f_bavail * st.f_frsize // 4 // n + 2 ** 20,), need_grad=True)
-small = nn.Variable((3,), need_grad=True)
-small.d = 1.0
-solver = S.Sgd(0.1)
-solver.set_parameters({"small": small, "huge": huge})
-before = len(warnings)
-updater = DynamicLossScalingUpdater(solver, F.sum(small ** 2), comm=comm)
-meta["huge_shared"] = updater.shared_grads is not None
-meta["huge_warnings"] = warnings[before:]
-
 # -- errors
 errors = {}
 for tag, fn in (
