@@ -54,7 +54,8 @@ class LossScaleStats:
         skipped: Skipped (overflowing) steps in the window.
         total_steps: Steps the hook has seen since it was created.
         total_skipped: Skipped steps the hook has seen since it was created.
-        scale: The loss scale the last step of the window ran with.
+        scale: The loss scale the last step of the window ran with (its last
+            reduced-precision step's, where it has any: see below).
         next_scale: The loss scale of the step after the window.
         min_scale: The smallest loss scale a step of the window ran with.
         max_scale: The largest loss scale a step of the window ran with.
@@ -62,6 +63,15 @@ class LossScaleStats:
             (``StepResult.gradient_stats``, see ``gradient_stats_every``), or None.
         held_by_ceiling: Growth points of the window where the loss dtype's ceiling, not
             the gradients, held the scale (``StepResult.held_by == "ceiling"``).
+        first_scale: The loss scale the first step of the window ran with.
+        float32_steps: Steps of the window that ran in full precision
+            (``StepResult.precision == "float"``): all of them in a float32 graph, those
+            from the switch on with a precision schedule (which run with no loss scale).
+
+    In a window with steps in reduced precision, :attr:`scale`, :attr:`min_scale` and
+    :attr:`max_scale` are those of these steps: after a precision schedule's switch to
+    float32 the steps run at scale 1, which is no loss scale, and a window holding the
+    switch keeps the scales used before it.
     """
     step: int
     steps: int
@@ -74,6 +84,8 @@ class LossScaleStats:
     max_scale: float
     gradient_stats: Optional[Dict[str, "GradientStats"]] = None
     held_by_ceiling: int = 0
+    first_scale: Optional[float] = None
+    float32_steps: int = 0
 
     @property
     def overflow_rate(self) -> float:
@@ -108,8 +120,11 @@ class LossScaleCallback:
     def _reset_window(self) -> None:
         self._steps = 0
         self._skipped = 0
-        self._min = float("inf")
-        self._max = float("-inf")
+        self._first: Optional[float] = None
+        self._range = [float("inf"), float("-inf")]           # of every step
+        self._reduced_range = [float("inf"), float("-inf")]   # of the reduced-precision ones
+        self._float32 = 0
+        self._reduced_last = float("nan")                     # the last reduced one's
         self._gradient_stats = None
         self._held_by_ceiling = 0
 
@@ -125,10 +140,19 @@ class LossScaleCallback:
             self._skipped += 1
             self.total_skipped += 1
         scale = result.scale
-        if scale < self._min:
-            self._min = scale
-        if scale > self._max:
-            self._max = scale
+        if self._first is None:
+            self._first = scale
+        if result.precision == "float":
+            self._float32 += 1
+            ranges = (self._range,)
+        else:
+            ranges = (self._range, self._reduced_range)
+            self._reduced_last = scale
+        for r in ranges:
+            if scale < r[0]:
+                r[0] = scale
+            if scale > r[1]:
+                r[1] = scale
         if result.gradient_stats is not None:
             self._gradient_stats = result.gradient_stats
         if result.held_by == "ceiling":
@@ -149,12 +173,16 @@ class LossScaleCallback:
 
     def _emit(self) -> LossScaleStats:
         last = self._last
+        reduced = self._float32 < self._steps
+        low, high = self._reduced_range if reduced else self._range
         stats = LossScaleStats(step=last.step, steps=self._steps, skipped=self._skipped,
                                total_steps=self.total_steps, total_skipped=self.total_skipped,
-                               scale=last.scale, next_scale=last.next_scale,
-                               min_scale=self._min, max_scale=self._max,
+                               scale=self._reduced_last if reduced else last.scale,
+                               next_scale=last.next_scale,
+                               min_scale=low, max_scale=high,
                                gradient_stats=self._gradient_stats,
-                               held_by_ceiling=self._held_by_ceiling)
+                               held_by_ceiling=self._held_by_ceiling,
+                               first_scale=self._first, float32_steps=self._float32)
         self._reset_window()
         self.callback(stats)
         return stats
@@ -166,13 +194,20 @@ class LossScaleCallback:
 class LossScaleMonitor(LossScaleCallback):
     """A step hook writing loss-scale series with ``nnabla.monitor``.
 
-    Every ``interval`` steps it adds one line ``<step index> <value>`` to each of three
+    Every ``interval`` steps it adds one line ``<step index> <value>`` to each of seven
     ``MonitorSeries`` files in ``monitor.save_path``:
 
-    * ``<prefix>-scale.series.txt``: the loss scale the window's last step ran with;
+    * ``<prefix>-scale.series.txt``: the loss scale the window's last step ran with (its
+      last reduced-precision step's, where it has any: see :class:`LossScaleStats`);
     * ``<prefix>-skipped-steps.series.txt``: skipped steps since the hook was created
       (cumulative);
-    * ``<prefix>-overflow-rate.series.txt``: fraction of the window's steps that overflowed.
+    * ``<prefix>-overflow-rate.series.txt``: fraction of the window's steps that overflowed;
+    * ``<prefix>-scale-first.series.txt``, ``<prefix>-scale-min.series.txt`` and
+      ``<prefix>-scale-max.series.txt``: the loss scale of the window's first step, and the
+      smallest and the largest (of its reduced-precision steps, where it has any: see
+      :class:`LossScaleStats`);
+    * ``<prefix>-float32-steps.series.txt``: steps of the window that ran in full
+      precision (after a precision schedule's switch, with no loss scale).
 
     When a step of the window carried gradient statistics (the updater's
     ``gradient_stats_every``), three more, over all the parameters' gradients together
@@ -220,7 +255,8 @@ class LossScaleMonitor(LossScaleCallback):
         self._verbose = verbose
         self.append = check.boolean("append", append)
         self.series = {}
-        for key in ("scale", "skipped-steps", "overflow-rate"):
+        for key in ("scale", "skipped-steps", "overflow-rate", "scale-first", "scale-min",
+                    "scale-max", "float32-steps"):
             self._add_series(key)
 
     def _add_series(self, key: str) -> Any:
@@ -265,8 +301,9 @@ class LossScaleTensorBoard(LossScaleCallback):
     """A step hook writing the loss-scale series as TensorBoard scalars (with tensorboardX).
 
     Every ``interval`` steps it adds the scalars ``<prefix>/<key>`` of the series a
-    :class:`LossScaleMonitor` writes (``scale``, ``skipped-steps``, ``overflow-rate``, and
-    where the window has them ``gradient-zero-fraction``, ``gradient-subnormal-fraction``,
+    :class:`LossScaleMonitor` writes (``scale``, ``skipped-steps``, ``overflow-rate``,
+    ``scale-first``, ``scale-min``, ``scale-max``, ``float32-steps`` and where the window
+    has them ``gradient-zero-fraction``, ``gradient-subnormal-fraction``,
     ``gradient-headroom`` and ``growth-held-by-ceiling``), at ``global_step`` the index the
     monitor writes: the window's last step. With gradient statistics, each parameter's too,
     grouped by parameter: ``<prefix>/gradients/<parameter>/zero-fraction``,
@@ -358,12 +395,15 @@ class LossScaleTensorBoard(LossScaleCallback):
 
 
 def series_values(stats: LossScaleStats, ceiling_seen: bool) -> List[Tuple[str, float]]:
-    """``(key, value)`` of each series a window writes: the scale, the skipped steps and
-    the overflow rate; the gradient statistics over all the parameters when the window
+    """``(key, value)`` of each series a window writes: the scale, the skipped steps, the
+    overflow rate, the first, smallest and largest scale and the float32 steps; the
+    gradient statistics over all the parameters when the window
     carried some; the growth points held by the ceiling from the first (``ceiling_seen``:
     a window before this one had some)."""
     values = [("scale", stats.scale), ("skipped-steps", stats.total_skipped),
-              ("overflow-rate", stats.overflow_rate)]
+              ("overflow-rate", stats.overflow_rate), ("scale-first", stats.first_scale),
+              ("scale-min", stats.min_scale), ("scale-max", stats.max_scale),
+              ("float32-steps", stats.float32_steps)]
     if stats.gradient_stats:
         from .scale.gradient_stats import overall
         together = overall(stats.gradient_stats)

@@ -77,12 +77,20 @@ def test_monitor_series_files_hold_expected_values(tmp_path):
     hook = LossScaleMonitor(Monitor(str(tmp_path)), interval=4, prefix="amp")
     updater = DynamicLossScalingUpdater(solver, net.loss, net.feeder, scale=2.0 ** 15, N=4,
                                         monitor=hook)
-    for _ in range(20):
-        updater.update()
+    results = [updater.update() for _ in range(20)]
 
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "amp-overflow-rate.series.txt", "amp-scale.series.txt",
-        "amp-skipped-steps.series.txt"]
+        "amp-float32-steps.series.txt", "amp-overflow-rate.series.txt",
+        "amp-scale-first.series.txt", "amp-scale-max.series.txt", "amp-scale-min.series.txt",
+        "amp-scale.series.txt", "amp-skipped-steps.series.txt"]
+    # the first, smallest and largest scale of each window, as its steps ran them
+    ends = range(3, 20, 4)
+    windows = [[r.scale for r in results[i - 3:i + 1]] for i in ends]
+    for key, of in (("first", lambda w: w[0]), ("min", min), ("max", max)):
+        assert read_series(tmp_path / f"amp-scale-{key}.series.txt") == [
+            (i, of(w)) for i, w in zip(ends, windows)], key
+    assert windows[0] == [2.0 ** 15, 2.0 ** 14, 2.0 ** 13, 2.0 ** 12]   # steps 0-3 skipped
+    assert read_series(tmp_path / "amp-float32-steps.series.txt") == [(i, 0.0) for i in ends]
     # windows [0-3] [4-7] [8-11] [12-15] [16-19]; scale of each window's last step
     assert read_series(tmp_path / "amp-scale.series.txt") == [
         (3, 4096.0), (7, 2048.0), (11, 2048.0), (15, 2048.0), (19, 2048.0)]

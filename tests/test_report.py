@@ -3,6 +3,8 @@ float16 training (fresh, in progress, resumed): its figures against the series a
 steps, and its figure."""
 import struct
 
+import numpy as np
+
 import pytest
 from nnabla.monitor import Monitor
 
@@ -38,9 +40,12 @@ def test_the_summary_of_a_run_is_what_its_series_and_steps_say(tmp_path):
     assert s.skipped_in == from_rates == [w for w in windows(results, 5) if w[2]]
     # the longest streak is 4 (steps 0-3); windows of 5 allow 2 to 5
     assert longest_streak(results) == 4 and s.streak == (2, 5)
-    # the scale: the values of the series, and the steps at each
-    assert (s.scale_first, s.scale_last) == (scale[4], scale[59])
-    assert (s.scale_min, s.scale_max) == (min(scale.values()), max(scale.values()))
+    # the scale: the run's first, last, smallest and largest, as the steps ran them (the
+    # windows' last steps all ran at 2048); the steps at each
+    used = [r.scale for r in results]
+    assert (s.scale_first, s.scale_last) == (used[0], used[-1]) == (2.0 ** 15, 2048.0)
+    assert (s.scale_min, s.scale_max) == (min(used), max(used)) == (2048.0, 2.0 ** 15)
+    assert set(scale.values()) == {2048.0}
     assert s.scale_steps == [(2048.0, 60)] and s.last_change is None
     assert all(r.scale == 2048.0 for r in results if r.step % 5 == 4)
     # the last gradient statistics are the series' last values
@@ -81,7 +86,8 @@ def test_the_figure_has_the_panels_the_series_hold(tmp_path):
     scale, rate, grads, headroom = with_stats.axes
     assert scale.get_ylabel() == "loss scale" and rate.get_ylabel() == "overflow rate (%)"
     assert grads.get_ylabel() == "gradient values (%)"       # the dtype is not recorded
-    assert legend(scale)[:2] == ["loss scale at each window's last step",
+    assert legend(scale)[:3] == ["loss scale: range of each window",
+                                 "loss scale at each window's last step",
                                  "window with skipped steps"]
     [bars] = rate.containers
     assert [round(b.get_height()) for b in bars] == [80] + [20] * 7
@@ -142,7 +148,7 @@ def test_a_run_resumed_from_a_checkpoint_continues_its_series(tmp_path, how):
     s = report.summary
     lines = {p.name: p.read_text().splitlines() for p in monitor.iterdir()}
     assert s.rewritten == sum(len(v) - len({line.split()[0] for line in v})
-                              for v in lines.values()) == 6 * 2      # 24 and 29, 6 series
+                              for v in lines.values()) == 10 * 2     # 24 and 29, 10 series
     assert (s.first_step, s.last_step, s.windows) == (0, 44, 9)
     assert s.skipped == len(skipped_steps(history))
     assert s.skipped_in == [w for w in windows(history, 5) if w[2]]
@@ -155,7 +161,7 @@ def test_a_run_resumed_from_a_checkpoint_continues_its_series(tmp_path, how):
     counted = series(monitor, "skipped-steps")[44]
     assert counted == (s.skipped + len(skipped_steps(lost)) if how == "same hook"
                        else len(skipped_steps(history[20:])))
-    assert ("note: 12 lines wrote an index again (a run rewound, or resumed from a checkpoint "
+    assert ("note: 20 lines wrote an index again (a run rewound, or resumed from a checkpoint "
             "into the same files): the value written last is used") in text_of(report)
     assert len(report.figure().axes) == 4
 
@@ -207,3 +213,88 @@ def test_the_report_is_a_public_name():
     import nnabla_mpt
     assert {"read_report", "LossScaleReport", "LossScaleTensorBoard"} <= set(nnabla_mpt.__all__)
     assert nnabla_mpt.LossScaleReport is LossScaleReport
+
+
+def test_a_precision_switch_is_reported_as_float32_never_as_a_scale_of_1(tmp_path):
+    """fp16 for the first 38 of 50 steps, then float32 (run at scale 1, no loss scale):
+    windows of 10, the switch inside the window of steps 30-39 (step 38)."""
+    from support import make_updater
+    hook = LossScaleMonitor(Monitor(str(tmp_path)), interval=10)
+    updater, _ = make_updater("fast|step|0.75", total=50, scale=2.0 ** 15, monitor=hook)
+    results = [updater.update() for _ in range(50)]
+    switch = next(r.step for r in results if r.precision == "float")
+    assert switch == 38 and all(r.scale == 1.0 for r in results[switch:])
+    used = [r.scale for r in results[:switch]]
+    report = read_report(tmp_path)
+    s = report.summary
+    assert s.switch == switch
+    assert (s.scale_first, s.scale_min, s.scale_max) == (used[0], min(used), max(used))
+    assert s.scale_last == used[-1] != 1.0
+    assert 1.0 not in dict(s.scale_steps) and sum(n for _, n in s.scale_steps) == switch
+    text = text_of(report)
+    assert f"float32 from step {switch}: no loss scale (24% of the steps" in text
+    assert "note: these files record neither" not in text
+    # the figure: no scale drawn after the switch, the switch marked
+    scale = report.figure().axes[0]
+    line = next(l for l in scale.lines if l.get_label().startswith("loss scale at each"))
+    y = np.asarray(line.get_ydata(), dtype=float)
+    assert np.isnan(y[-1]) and 1.0 not in y and np.isfinite(y[:-2]).all()
+    assert f"switch to float32 (step {switch})" in legend(scale)
+    low, high = scale.get_ylim()
+    assert low > 1.0 / 16                   # the axis is not stretched down towards 1
+
+
+def test_with_windows_of_10_the_first_and_largest_scales_are_the_runs_own(tmp_path):
+    """From 2**15 four overflows back off to 2**11 inside the first window: a window's last
+    step alone would give 2048 for the first scale and the largest."""
+    results = fp16_run(tmp_path, 60, 10)
+    s = read_report(tmp_path).summary
+    used = [r.scale for r in results]
+    assert s.scale_first == used[0] == 2.0 ** 15
+    assert s.scale_max == max(used) == 2.0 ** 15
+    assert s.scale_min == min(used) and s.scale_last == used[-1]
+    assert max(series(tmp_path, "scale").values()) < 2.0 ** 15
+
+
+def test_files_of_an_earlier_monitor_still_read_and_say_what_they_lack(tmp_path):
+    """Only the scale, skipped-steps and overflow-rate series: the scales are the windows'
+    last, said once."""
+    for key, lines in {"scale": "4 1024\n9 512\n", "skipped-steps": "4 0\n9 1\n",
+                       "overflow-rate": "4 0\n9 0.2\n"}.items():
+        (tmp_path / f"loss-scale-{key}.series.txt").write_text(lines)
+    report = read_report(tmp_path)
+    s = report.summary
+    assert (s.scale_first, s.scale_max, s.ranged, s.precision_recorded) == (1024, 1024,
+                                                                           False, False)
+    text = text_of(report)
+    assert "loss scale (at each window's last step): first 1024" in text
+    assert text.count("a scale of 1 may be a switch to float32") == 1
+
+
+def test_a_long_run_is_drawn_in_bins_that_keep_its_extremes_and_counts():
+    from nnabla_mpt.report.run_report import binned
+    from nnabla_mpt.report.summary import Windows
+    n = 5003
+    last = np.arange(n, dtype=np.int64) * 10 + 9
+    rng = np.random.RandomState(0)
+    skipped = rng.randint(0, 3, n)
+    scale = 2.0 ** rng.randint(5, 15, n)
+    low, high = scale / 4, scale * 2
+    float32 = np.where(np.arange(n) >= 4000, 10, 0)
+    float32[3999] = 3                       # the switch at step 39997
+    w = Windows(first=last - 9, last=last, skipped=skipped, scale=scale, interval=10,
+                scale_first=scale, low=low, high=high, float32=float32, ranged=True)
+    assert w.switch == 39997
+    b = binned(w, np.zeros(n), 2000)
+    assert b.windows == 3 and len(b.last) == 1668
+    assert b.skipped.sum() == skipped.sum() and b.last[-1] == last[-1] and b.first[0] == 0
+    for k in (0, 700, 1333, 1667):          # bins before, at and after the switch
+        part = slice(3 * k, min(3 * k + 3, n))
+        on = w.scaled[part]
+        assert b.scaled[k] == on.any()
+        if on.any():
+            assert b.low[k] == low[part][on].min() and b.high[k] == high[part][on].max()
+            assert b.scale[k] == w.used_scale[part][on][-1]
+        else:
+            assert np.isnan(b.scale[k])
+    assert binned(w, np.zeros(n), n).windows == 1

@@ -160,12 +160,15 @@ def test_a_writer_given_is_written_to_and_left_open():
     for i in range(3):
         board(StepResult(step=i, skipped=i == 0, scale=8.0, next_scale=8.0,
                          held_by="ceiling" if i == 2 else None))
+    def window(float32_steps, step):   # results made by hand say precision "float"
+        return [("amp/scale-first", 8.0, step), ("amp/scale-min", 8.0, step),
+                ("amp/scale-max", 8.0, step), ("amp/float32-steps", float32_steps, step)]
     assert writer.scalars == [("amp/scale", 8.0, 1), ("amp/skipped-steps", 1, 1),
-                              ("amp/overflow-rate", 0.5, 1)]
+                              ("amp/overflow-rate", 0.5, 1)] + window(2, 1)
     last = board.close()                     # the unfinished window: step 2
-    assert last.step == 2 and writer.scalars[3:] == [
-        ("amp/scale", 8.0, 2), ("amp/skipped-steps", 1, 2), ("amp/overflow-rate", 0.0, 2),
-        ("amp/growth-held-by-ceiling", 1, 2)]
+    assert last.step == 2 and writer.scalars[7:] == [
+        ("amp/scale", 8.0, 2), ("amp/skipped-steps", 1, 2), ("amp/overflow-rate", 0.0, 2)] + \
+        window(1, 2) + [("amp/growth-held-by-ceiling", 1, 2)]
     assert writer.flushed == 1 and not writer.closed
     assert repr(board).startswith("LossScaleTensorBoard(<") and "prefix='amp'" in repr(board)
 

@@ -68,6 +68,10 @@ class RunPicture:
         losses: Loss curves; the first gets the skipped steps' marks. Empty: no loss panel.
         switch: The first float32 step of a precision schedule, or None.
         dtype: The dtype of the loss and the gradients when known (``"fp16"``), for labels.
+        scale_low, scale_high: With windows, the smallest and largest scale of each
+            (NaN after a switch), drawn as a band; None: not known.
+        binned: Whether each point stands for several windows (a long run): the labels
+            say "bin" instead of "window".
     """
     title: str
     steps: np.ndarray
@@ -84,6 +88,9 @@ class RunPicture:
     losses: Tuple[Curve, ...] = ()
     switch: Optional[int] = None
     dtype: Optional[str] = None
+    scale_low: Optional[np.ndarray] = None
+    scale_high: Optional[np.ndarray] = None
+    binned: bool = False
 
     def scale_at(self, steps: np.ndarray) -> np.ndarray:
         """The scale at ``steps`` (steps of ``self.steps``)."""
@@ -172,13 +179,12 @@ def scale_panel(ax: Any, pic: RunPicture) -> None:
         ax.axvspan(pic.switch, pic.steps[-1] + 1, color="gray", alpha=0.12, lw=0)
         ax.text(pic.switch + 0.01 * len(pic.steps), 0.5, "float32:\nno loss scale used",
                 fontsize="small", va="center", transform=ax.get_xaxis_transform())
-    if per_step:
-        ax.step(pic.steps, pic.scale, where="post", color="tab:green", label="loss scale used")
-    else:
-        ax.plot(pic.steps, pic.scale, ".-", color="tab:green", ms=4, lw=1,
-                label="loss scale at each window's last step")
-    ax.scatter(pic.skipped, pic.scale_at(pic.skipped), marker="x", color="tab:red", zorder=3,
-               label="overflow: step skipped" if per_step else "window with skipped steps")
+    unit = "bin" if pic.binned else "window"
+    scale_line(ax, pic, unit)
+    if len(pic.skipped):
+        ax.scatter(pic.skipped, pic.scale_at(pic.skipped), marker="x", color="tab:red",
+                   zorder=3, label="overflow: step skipped" if per_step
+                   else f"{unit} with skipped steps")
     ceiling = ("held by the {} seed's ceiling".format(pic.dtype) if pic.dtype
                else "held by the loss dtype's ceiling")
     if len(pic.held):
@@ -188,7 +194,7 @@ def scale_panel(ax: Any, pic: RunPicture) -> None:
     if len(pic.held_by_ceiling):
         ax.scatter(pic.held_by_ceiling, pic.scale_at(pic.held_by_ceiling), marker="s",
                    facecolors="none", color="tab:olive", zorder=3,
-                   label=("growth due, " if per_step else "window with growth ") + ceiling)
+                   label=("growth due, " if per_step else f"{unit} with growth ") + ceiling)
     ax.axhline(FP16.max, color="gray", ls="--", lw=0.8, label="largest fp16 number (65504)")
     ax.axhline(FP16.max_power_of_two, color="tab:olive", ls=":", lw=1.2,
                label="largest scale an fp16 loss can seed (2**15 = 32768)")
@@ -196,6 +202,9 @@ def scale_panel(ax: Any, pic: RunPicture) -> None:
     ax.set_yscale("log", base=2)
     ax.set_ylabel("loss scale")
     scales = pic.scale[np.isfinite(pic.scale)]
+    if pic.scale_low is not None:
+        scales = np.concatenate([scales, pic.scale_low[np.isfinite(pic.scale_low)],
+                                 pic.scale_high[np.isfinite(pic.scale_high)]])
     if scales.size:             # room below the lowest scale for the legend
         low, high = np.log2(scales.min()), np.log2(max(scales.max(), FP16.max))
         ax.set_ylim(2.0 ** (low - 0.8 * (high - low + 2)), 2.0 ** (high + 0.5))
@@ -206,11 +215,29 @@ def scale_panel(ax: Any, pic: RunPicture) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
+def scale_line(ax: Any, pic: RunPicture, unit: str) -> None:
+    """The scale of every step, or of each window's last step over the window's steps,
+    with the window's range as a band where it is known."""
+    if pic.window == 1:
+        ax.step(pic.steps, pic.scale, where="post", color="tab:green", lw=1.8, zorder=2.5,
+                label="loss scale used")
+        return
+    x = np.column_stack([pic.window_first, pic.window_last + 1]).ravel()
+    if pic.scale_low is not None:
+        low, high = (np.repeat(v, 2) for v in (pic.scale_low, pic.scale_high))
+        ax.fill_between(x, low, high, where=np.isfinite(low) & np.isfinite(high),
+                        color="tab:green", alpha=0.25, lw=0,
+                        label=f"loss scale: range of each {unit}")
+    ax.plot(x, np.repeat(pic.scale, 2), color="tab:green", lw=1.8, zorder=2.5,
+            label=f"loss scale at each {unit}'s last step")
+
+
 def rate_panel(ax: Any, pic: RunPicture) -> None:
-    """The overflow rate of each window, as a bar over the window's steps."""
+    """The overflow rate of each window (or bin of windows), as a bar over its steps."""
     first, last = pic.window_first, pic.window_last
+    unit = "bin" if pic.binned else "window"
     ax.bar(first, 100 * np.asarray(pic.overflow_rate), width=last - first + 1, align="edge",
-           color="tab:red", alpha=0.6, label="skipped steps of the window (%)")
+           color="tab:red", alpha=0.6, label=f"skipped steps of the {unit} (%)")
     mark_switch(ax, pic.switch)
     top = 100 * float(np.max(pic.overflow_rate, initial=0.0))
     ax.set_ylim(0, min(100.0, max(5.0, 1.15 * top)))       # small rates stay visible

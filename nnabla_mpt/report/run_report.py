@@ -15,7 +15,7 @@ Example:
       skipped steps: 1 of 4, 250.0 per thousand; in steps 2-3 (1)
 """
 import os
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -86,16 +86,69 @@ def read_report(directory: str, prefix: str = "loss-scale") -> LossScaleReport:
     return LossScaleReport(read_run(directory, prefix))
 
 
-def picture_of(run: MonitorRun, windows: Optional[Windows] = None) -> RunPicture:
-    """The :class:`RunPicture` of a run's series: a point per window."""
+#: The most windows the figure draws one by one; more are drawn in as many bins.
+MAX_BINS = 2000
+
+
+def picture_of(run: MonitorRun, windows: Optional[Windows] = None,
+               max_bins: int = MAX_BINS) -> RunPicture:
+    """The :class:`RunPicture` of a run's series: a point per window, or, for more than
+    ``max_bins`` windows, per bin of consecutive windows (the bin's scale range, its last
+    scale and its overflow rate)."""
     w = windows_of(run) if windows is None else windows
     held = run.values("growth-held-by-ceiling")
-    held_at = w.last[np.nan_to_num(held) > 0] if held is not None else np.zeros(0)
+    held = np.zeros(len(w.last)) if held is None else np.nan_to_num(held)
+    switch = w.switch
+    bins = binned(w, held, max_bins)
+    after = ~bins.scaled                    # after the switch: no loss scale
+    low, high = (np.where(after, np.nan, x) for x in (bins.low, bins.high))
     return RunPicture(
-        title=f"loss scale of {run.directory} ({run.prefix})", steps=w.last, scale=w.scale,
-        window=w.interval, skipped=w.last[w.skipped > 0], held_by_ceiling=held_at,
-        window_first=w.first, window_last=w.last, overflow_rate=w.skipped / w.steps,
-        gradients=_gradients(run))
+        title=f"loss scale of {run.directory} ({run.prefix})", steps=bins.last,
+        scale=bins.scale,
+        window=w.interval, skipped=bins.last[bins.skipped > 0],
+        held_by_ceiling=bins.last[bins.held > 0], window_first=bins.first,
+        window_last=bins.last, overflow_rate=bins.skipped / (bins.last - bins.first + 1),
+        gradients=_gradients(run), switch=switch,
+        scale_low=low if w.ranged else None, scale_high=high if w.ranged else None,
+        binned=bins.windows > 1)
+
+
+class Bins(NamedTuple):
+    """Consecutive windows taken together: first and last step, skipped steps, growth
+    points held by the ceiling, the last scale used (NaN after a precision switch), the
+    smallest and largest scale, whether any step ran with a loss scale, and ``windows``,
+    the most windows in a bin."""
+    first: np.ndarray
+    last: np.ndarray
+    skipped: np.ndarray
+    held: np.ndarray
+    scale: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    scaled: np.ndarray
+    windows: int
+
+
+def binned(w: Windows, held: np.ndarray, max_bins: int) -> Bins:
+    """The windows of ``w`` in at most ``max_bins`` bins of as many windows each (the last
+    may hold fewer); one window a bin where there are no more than ``max_bins``. The scale
+    range of a bin is that of its windows that ran with a loss scale."""
+    n = len(w.last)
+    size = max(1, -(-n // max_bins))
+    starts = np.arange(0, n, size)
+    ends = np.minimum(starts + size, n) - 1
+    scaled = w.scaled
+    # the scale of a bin: that of its last window that ran with one (NaN after a switch)
+    last_scaled = np.maximum.accumulate(np.where(scaled, np.arange(n), -1))[ends]
+    scale = np.where(last_scaled >= starts, w.used_scale[np.maximum(last_scaled, 0)], np.nan)
+    low = np.where(scaled, w.low, np.inf)
+    high = np.where(scaled, w.high, -np.inf)
+    return Bins(first=w.first[starts], last=w.last[ends],
+                skipped=np.add.reduceat(w.skipped, starts),
+                held=np.add.reduceat(held, starts),
+                scale=scale, low=np.minimum.reduceat(low, starts),
+                high=np.maximum.reduceat(high, starts),
+                scaled=np.logical_or.reduceat(scaled, starts), windows=size)
 
 
 def _gradients(run: MonitorRun) -> Optional[GradientPoints]:

@@ -9,8 +9,10 @@ How a directory is read::
         a last line without its newline is still being written: it is left out
         an index written again (a run rewound, or resumed from a checkpoint into the same
             files) keeps the value written last; the values are taken in index order
-    the windows are the indices that the scale, skipped-steps and overflow-rate series
-        all hold (a run in progress may have written one of them and not yet the others)
+    the windows are the indices that the series of every window (WINDOW: the scale,
+        skipped-steps and overflow-rate series, and where the files have them the first,
+        smallest and largest scale and the float32 steps) all hold (a run in progress may
+        have written one of them and not yet the others)
 
 Pure Python and NumPy: neither nnabla nor matplotlib is imported.
 """
@@ -23,10 +25,12 @@ import numpy as np
 #: The series a LossScaleMonitor writes, by the key after its prefix; the first three always,
 #: the gradient series with gradient statistics, the last from the first growth point held by
 #: the loss dtype's ceiling on.
-SERIES = ("scale", "skipped-steps", "overflow-rate", "gradient-zero-fraction",
+SERIES = ("scale", "skipped-steps", "overflow-rate", "scale-first", "scale-min",
+          "scale-max", "float32-steps", "gradient-zero-fraction",
           "gradient-subnormal-fraction", "gradient-headroom", "growth-held-by-ceiling")
-#: The series every window has.
+#: The series every window has; the first three written by every version of the monitor.
 CORE = SERIES[:3]
+WINDOW = SERIES[:7]
 SUFFIX = ".series.txt"
 
 
@@ -143,8 +147,9 @@ def read_run(directory: str, prefix: str = "loss-scale") -> MonitorRun:
                          f"writes {', '.join(f'{prefix}-{k}{SUFFIX}' for k in CORE)} together")
     series = {key: read_series(path) for key, path in found.items()}
     steps = series["scale"].steps
-    for key in CORE[1:]:
-        steps = np.intersect1d(steps, series[key].steps)
+    for key in WINDOW[1:]:
+        if key in series:
+            steps = np.intersect1d(steps, series[key].steps)
     if steps.size == 0:
         raise ValueError(f"{directory}: the {prefix} series hold no window yet (a run that "
                          f"has just started: a LossScaleMonitor writes its first line after "

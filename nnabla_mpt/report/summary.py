@@ -32,16 +32,53 @@ from .series import MonitorRun
 @dataclass(frozen=True)
 class Windows:
     """The windows of a run, as arrays: first and last step, skipped steps, the scale of the
-    last step, and ``interval``, the steps of a full window."""
+    last step, ``interval`` (the steps of a full window), the scale of the first step, the
+    smallest and the largest (the last step's where the files do not record them:
+    ``ranged`` False) and the float32 steps (None where not recorded)."""
     first: np.ndarray
     last: np.ndarray
     skipped: np.ndarray
     scale: np.ndarray
     interval: int
+    scale_first: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    float32: Optional[np.ndarray] = None
+    ranged: bool = False
 
     @property
     def steps(self) -> np.ndarray:
         return self.last - self.first + 1
+
+    @property
+    def switch(self) -> Optional[int]:
+        """The first float32 step after steps in reduced precision (a precision schedule's
+        switch, from which no loss scale is used), or None."""
+        if self.float32 is None:
+            return None
+        at = np.flatnonzero(self.float32 > 0)
+        if not at.size or (at[0] == 0 and self.float32[0] >= self.steps[0]):
+            return None                     # none, or float32 from the first step on
+        j = int(at[0])
+        return int(self.last[j] - self.float32[j] + 1)
+
+    @property
+    def scaled(self) -> np.ndarray:
+        """Which windows have steps that ran with a loss scale (all but those after a
+        switch)."""
+        switch = self.switch
+        return np.ones(len(self.last), bool) if switch is None else self.first < switch
+
+    @property
+    def used_scale(self) -> np.ndarray:
+        """The scale of each window's last step that ran with one (the monitor writes the
+        last reduced-precision step's), NaN after a switch."""
+        return np.where(self.scaled, self.scale, np.nan)
+
+    @property
+    def float32_throughout(self) -> bool:
+        """Whether every step of every window ran in float32 (a float32 graph)."""
+        return self.float32 is not None and bool((self.float32 >= self.steps).all())
 
 
 def windows_of(run: MonitorRun) -> Windows:
@@ -52,8 +89,15 @@ def windows_of(run: MonitorRun) -> Windows:
     first = np.concatenate([[max(0, int(last[0]) - interval + 1)], last[:-1] + 1])
     rate = run.values("overflow-rate")
     skipped = np.rint(rate * (last - first + 1)).astype(np.int64)
-    return Windows(first=first.astype(np.int64), last=last, skipped=skipped,
-                   scale=run.values("scale"), interval=int(interval))
+    scale = run.values("scale")
+    ranged = all(k in run.series for k in ("scale-first", "scale-min", "scale-max"))
+    low, high, at_first = ((run.values("scale-min"), run.values("scale-max"),
+                            run.values("scale-first")) if ranged else (scale, scale, scale))
+    float32 = run.values("float32-steps")
+    return Windows(first=first.astype(np.int64), last=last, skipped=skipped, scale=scale,
+                   interval=int(interval), scale_first=at_first, low=low, high=high,
+                   float32=None if float32 is None else float32.astype(np.int64),
+                   ranged=ranged)
 
 
 def streak_bounds(steps: np.ndarray, skipped: np.ndarray) -> Tuple[int, int]:
@@ -85,11 +129,20 @@ class RunSummary:
         skipped: Skipped steps; ``per_thousand``: per thousand steps covered.
         skipped_in: ``(first step, last step, skipped)`` of each window with skipped steps.
         streak: ``(at least, at most)`` the longest overflow streak, in steps.
-        scale_first, scale_last, scale_min, scale_max: The scale of the windows' last steps.
+        scale_first: The scale of the first step.
+        scale_last: The scale of the last window's last step; with a precision switch
+            (``switch``), the last scale used before it (:attr:`Windows.used_scale`).
+        scale_min, scale_max: The smallest and largest scale of any step that ran with one
+            (of the windows' last steps, where the files do not record the range:
+            ``ranged`` False).
         scale_steps: ``(scale, steps)``: how many steps ran at each scale (a window counted
-            at the scale of its last step), the most first.
+            at the scale of its last step that ran with one), the most first; the float32
+            steps after a switch are not counted.
         last_change: The first and last step of the window where the scale took its last
             value, or None when it never changed.
+        switch: The first float32 step of a precision schedule (no loss scale from there
+            on), or None; ``float32_throughout``: every step ran in float32;
+            ``precision_recorded``: the files record the float32 steps.
         held_by_ceiling: Growth points held by the loss dtype's ceiling,
             ``ceiling_windows`` the first and last steps of their windows and
             ``ceiling_scale`` the ceiling: the largest power of two of the narrowest float
@@ -123,6 +176,10 @@ class RunSummary:
     most_subnormal: Optional[Tuple[int, float]]
     rewritten: int
     partial: List[str]
+    switch: Optional[int] = None
+    float32_throughout: bool = False
+    precision_recorded: bool = False
+    ranged: bool = False
 
     @property
     def steps(self) -> int:
@@ -138,9 +195,11 @@ def summarize(run: MonitorRun, windows: Optional[Windows] = None) -> RunSummary:
     """The :class:`RunSummary` of ``run`` (its ``windows``, when already made)."""
     w = windows_of(run) if windows is None else windows
     steps = int(w.steps.sum())
+    scaled, switch, used = w.scaled, w.switch, w.used_scale
+    counted = w.steps if switch is None else np.minimum(w.last + 1, switch) - w.first
     at_scale: Counter = Counter()
-    for scale, n in zip(w.scale.tolist(), w.steps.tolist()):
-        at_scale[scale] += n
+    for j in np.flatnonzero(scaled).tolist():
+        at_scale[float(used[j])] += int(counted[j])
     held = run.values("growth-held-by-ceiling")
     held = np.zeros(len(w.last)) if held is None else np.nan_to_num(held)
     return RunSummary(
@@ -150,15 +209,17 @@ def summarize(run: MonitorRun, windows: Optional[Windows] = None) -> RunSummary:
         skipped_in=[(int(a), int(b), int(k)) for a, b, k in zip(w.first, w.last, w.skipped)
                     if k],
         streak=streak_bounds(w.steps, w.skipped),
-        scale_first=float(w.scale[0]), scale_last=float(w.scale[-1]),
-        scale_min=float(w.scale.min()), scale_max=float(w.scale.max()),
+        scale_first=float(w.scale_first[0]), scale_last=float(used[scaled][-1]),
+        scale_min=float(w.low[scaled].min()), scale_max=float(w.high[scaled].max()),
         scale_steps=sorted(at_scale.items(), key=lambda item: -item[1]),
         last_change=_last_change(w), held_by_ceiling=int(held.sum()),
         ceiling_windows=[(int(a), int(b)) for a, b, h in zip(w.first, w.last, held) if h > 0],
         ceiling_scale=_ceiling(w, held),
         gradients=_last_gradients(run), most_subnormal=_most_subnormal(run),
         rewritten=sum(s.rewritten for s in run.series.values()),
-        partial=sorted(s.path for s in run.series.values() if s.partial))
+        partial=sorted(s.path for s in run.series.values() if s.partial),
+        switch=switch, float32_throughout=w.float32_throughout,
+        precision_recorded=w.float32 is not None, ranged=w.ranged)
 
 
 def _ceiling(w: Windows, held: np.ndarray) -> Optional[float]:
@@ -173,10 +234,13 @@ def _ceiling(w: Windows, held: np.ndarray) -> Optional[float]:
 
 
 def _last_change(w: Windows) -> Optional[Tuple[int, int]]:
-    changed = np.flatnonzero(w.scale[1:] != w.scale[:-1])
+    """The window where the last scale used (:attr:`Windows.used_scale`) was first taken."""
+    at = np.flatnonzero(w.scaled)
+    scale = w.used_scale[at]
+    changed = np.flatnonzero(scale[1:] != scale[:-1])
     if not changed.size:
         return None
-    j = int(changed[-1]) + 1
+    j = int(at[int(changed[-1]) + 1])
     return int(w.first[j]), int(w.last[j])
 
 
@@ -226,6 +290,11 @@ def summary_text(s: RunSummary) -> str:
     if s.partial:
         lines.append(wrap("note: a last line still being written (a run in progress) left "
                           "out of " + ", ".join(os.path.basename(p) for p in s.partial)))
+    if not (s.ranged and s.precision_recorded):
+        lines.append(wrap("note: these files record neither each window's first, smallest "
+                          "and largest scale nor its float32 steps (a LossScaleMonitor of an "
+                          "earlier version wrote them): the scales are those of the windows' "
+                          "last steps, and a scale of 1 may be a switch to float32"))
     return "\n".join(lines)
 
 
@@ -273,14 +342,24 @@ def _streak_text(s: RunSummary) -> str:
 def _scale_text(s: RunSummary) -> str:
     sat = ", ".join(f"{format_scale(scale)} for {100 * n / s.steps:.0f}%"
                     for scale, n in s.scale_steps[:3])
-    text = (f"loss scale (at each window's last step): first {format_scale(s.scale_first)}, "
-            f"last {format_scale(s.scale_last)}, min {format_scale(s.scale_min)}, max "
+    where = "" if s.ranged else " (at each window's last step)"
+    last = "" if s.switch is None else " before the switch"
+    text = (f"loss scale{where}: first {format_scale(s.scale_first)}, last{last} "
+            f"{format_scale(s.scale_last)}, min {format_scale(s.scale_min)}, max "
             f"{format_scale(s.scale_max)}; it sat at {sat} of the steps")
     if s.last_change is None:
-        return text + ("; it never changed" if s.interval == 1 else
-                       "; the same at every window's last step")
-    return text + (f"; at {format_scale(s.scale_last)} since the window of steps "
-                   f"{s.last_change[0]}-{s.last_change[1]}")
+        text += ("; it never changed" if s.interval == 1 or s.ranged and
+                 s.scale_min == s.scale_max else "; the same at every window's last step")
+    else:
+        text += (f"; at {format_scale(s.scale_last)} since the window of steps "
+                 f"{s.last_change[0]}-{s.last_change[1]}")
+    if s.switch is not None:
+        float32 = s.last_step - s.switch + 1
+        text += (f"; float32 from step {s.switch}: no loss scale ({100 * float32 / s.steps:.0f}% "
+                 f"of the steps, after a precision schedule's switch)")
+    elif s.float32_throughout:
+        text += "; every step ran in float32 (a float32 graph, scaled all the same)"
+    return text
 
 
 def _held_text(s: RunSummary) -> str:
