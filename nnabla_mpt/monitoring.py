@@ -53,7 +53,9 @@ class LossScaleStats:
             attached mid-run and for :meth:`LossScaleCallback.flush`.
         skipped: Skipped (overflowing) steps in the window.
         total_steps: Steps the hook has seen since it was created.
-        total_skipped: Skipped steps the hook has seen since it was created.
+        total_skipped: Skipped steps of the run up to the window's end: the updater's
+            ``skipped_steps`` (``StepResult.skipped_steps``), which a run resumed from a
+            checkpoint goes on from; for results made by hand, those the hook has seen.
         scale: The loss scale the last step of the window ran with (its last
             reduced-precision step's, where it has any: see below).
         next_scale: The loss scale of the step after the window.
@@ -139,6 +141,8 @@ class LossScaleCallback:
         if result.skipped:
             self._skipped += 1
             self.total_skipped += 1
+        if result.skipped_steps is not None:
+            self.total_skipped = result.skipped_steps
         scale = result.scale
         if self._first is None:
             self._first = scale
@@ -199,13 +203,11 @@ class LossScaleMonitor(LossScaleCallback):
 
     * ``<prefix>-scale.series.txt``: the loss scale the window's last step ran with (its
       last reduced-precision step's, where it has any: see :class:`LossScaleStats`);
-    * ``<prefix>-skipped-steps.series.txt``: skipped steps since the hook was created
-      (cumulative);
+    * ``<prefix>-skipped-steps.series.txt``: skipped steps of the run so far (the
+      updater's ``skipped_steps``, restored with a checkpoint: see :class:`LossScaleStats`);
     * ``<prefix>-overflow-rate.series.txt``: fraction of the window's steps that overflowed;
-    * ``<prefix>-scale-first.series.txt``, ``<prefix>-scale-min.series.txt`` and
-      ``<prefix>-scale-max.series.txt``: the loss scale of the window's first step, and the
-      smallest and the largest (of its reduced-precision steps, where it has any: see
-      :class:`LossScaleStats`);
+    * ``<prefix>-scale-first.series.txt``, ``-scale-min`` and ``-scale-max``: the scale
+      of the window's first step, the smallest and the largest (see :class:`LossScaleStats`);
     * ``<prefix>-float32-steps.series.txt``: steps of the window that ran in full
       precision (after a precision schedule's switch, with no loss scale).
 
@@ -301,11 +303,9 @@ class LossScaleTensorBoard(LossScaleCallback):
     """A step hook writing the loss-scale series as TensorBoard scalars (with tensorboardX).
 
     Every ``interval`` steps it adds the scalars ``<prefix>/<key>`` of the series a
-    :class:`LossScaleMonitor` writes (``scale``, ``skipped-steps``, ``overflow-rate``,
-    ``scale-first``, ``scale-min``, ``scale-max``, ``float32-steps`` and where the window
-    has them ``gradient-zero-fraction``, ``gradient-subnormal-fraction``,
-    ``gradient-headroom`` and ``growth-held-by-ceiling``), at ``global_step`` the index the
-    monitor writes: the window's last step. With gradient statistics, each parameter's too,
+    :class:`LossScaleMonitor` writes, ``<key>`` the part of the file's name after the
+    prefix, at ``global_step`` the index the monitor writes: the window's last step.
+    With gradient statistics, each parameter's too,
     grouped by parameter: ``<prefix>/gradients/<parameter>/zero-fraction``,
     ``.../subnormal-fraction`` and ``.../headroom``.
 

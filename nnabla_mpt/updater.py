@@ -77,6 +77,8 @@ class StepResult:
         held_by: What held the scale at a growth point of measured growth: ``"gradients"``
             (no room), ``"ceiling"`` (the largest power of two the loss's dtype holds, which
             a loss built in float32 lifts: :doc:`measured`), ``"max_scale"``; else None.
+        skipped_steps: The updater's ``skipped_steps`` after this step: the run's skipped
+            steps so far (a resumed run's included); None in a result made by hand.
     """
     step: int
     skipped: bool
@@ -87,18 +89,20 @@ class StepResult:
     gradient_stats: Optional[Dict[str, GradientStats]]
     bad_batch: bool
     held_by: Optional[str]
+    skipped_steps: Optional[int]
     _losses: Optional[StepLosses] = field(repr=False, compare=False)
 
     def __init__(self, step: int, skipped: bool, scale: float, next_scale: float,
                  attempts: int = 1, precision: str = "float",
                  gradient_stats: Optional[Dict[str, GradientStats]] = None,
                  bad_batch: bool = False, held_by: Optional[str] = None,
+                 skipped_steps: Optional[int] = None,
                  _losses: Optional[StepLosses] = None) -> None:
         # frozen: all set here, at once (a generated __init__ costs ~60 bytecodes a step)
         vars(self).update(step=step, skipped=skipped, scale=scale, next_scale=next_scale,
                           attempts=attempts, precision=precision,
                           gradient_stats=gradient_stats, bad_batch=bad_batch,
-                          held_by=held_by, _losses=_losses)
+                          held_by=held_by, skipped_steps=skipped_steps, _losses=_losses)
 
     @property
     def updated(self) -> bool:
@@ -289,7 +293,7 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.
         if schedule is not None and schedule.needs_loss and math.isfinite(losses.mean()):
             schedule.observe_loss(index, losses.mean())
         result = StepResult(index, skipped, scale, self._next_scale, attempts, precision,
-                            stats, bad_batch, held_by, losses)
+                            stats, bad_batch, held_by, self._skipped_steps, losses)
         self.last_result = result
         if self._monitor is not None:
             self._monitor(result)

@@ -116,3 +116,118 @@ def test_the_help_names_the_options():
     assert proc.returncode == 0
     for option in ("MONITOR_DIR", "--out FILE.png", "--prefix PREFIX"):
         assert option in proc.stdout
+
+
+def write_run(directory, **lines):
+    """Series files of the three series every window has (a fine run of two windows of
+    10), with ``lines`` replacing the text of some: ``{key with _ for -: text}``."""
+    directory.mkdir(exist_ok=True)
+    texts = {"scale": "9 1024\n19 1024\n", "skipped-steps": "9 1\n19 2\n",
+             "overflow-rate": "9 0.1\n19 0.1\n"}
+    texts.update({key.replace("_", "-"): text for key, text in lines.items()})
+    for key, text in texts.items():
+        (directory / f"loss-scale-{key}.series.txt").write_text(text)
+    return directory
+
+
+@pytest.mark.parametrize("series, text, says", [
+    ("overflow-rate", "9 0.1\n19 7\n", "line 2: overflow-rate 7 at step 19 is not a fraction "
+                                       "from 0 to 1"),
+    ("scale", "9 nan\n19 1024\n", "line 1: scale nan at step 9 is not a loss scale above 0"),
+    ("scale", "9 1024\n19 inf\n", "line 2: scale inf at step 19 is not a loss scale above 0"),
+    ("scale", "9 -4096\n19 1024\n", "line 1: scale -4096 at step 9 is not a loss scale"),
+    ("scale", "9 1e+300\n19 1024\n", "at most float32's largest value"),
+    ("scale", "9 1024\n99999999999999999999 1024\n",
+     "line 2: '99999999999999999999 1024' is not '<index> <value>'"),
+    ("scale", "-13 1024\n19 1024\n", "line 1: '-13 1024' is not '<index> <value>'"),
+    ("scale", "9 1024\n1_9 1024\n", "line 2: '1_9 1024' is not '<index> <value>'"),
+    ("scale", "9 1024\n\u0661\u0669 1024\n", "line 2: '\u0661\u0669 1024' is not"),
+    ("skipped-steps", "9 3\n19 2\n", "line 2: skipped-steps falls from 3 at step 9 to 2 at "
+                                     "step 19: the count of skipped steps never falls"),
+    ("skipped-steps", "9 1.5\n19 2\n", "skipped-steps 1.5 at step 9 is not a whole number"),
+])
+def test_values_that_make_no_sense_end_the_report_naming_file_and_line(tmp_path, series, text,
+                                                                        says):
+    run = write_run(tmp_path / "run", **{series.replace("-", "_"): text})
+    path = run / f"loss-scale-{series}.series.txt"
+    proc = command(run, "--out", tmp_path / "x.png")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(f"python -m nnabla_mpt.report: error: {path}")
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_the_same_run_with_sensible_values_reads(tmp_path):
+    """The files of the test above before their edits: the report is made."""
+    proc = command(write_run(tmp_path / "run"), "--out", tmp_path / "x.png")
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped steps: 2 of 20" in proc.stdout
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    run = write_run(tmp_path / "run")
+    fifo = run / "loss-scale-overflow-rate.series.txt"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    proc = command(run, "--out", tmp_path / "x.png")     # the command's timeout: 300 s
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"cannot read the series {fifo}: it is a FIFO (named pipe), not a regular " \
+           f"file" in proc.stderr
+
+
+def test_a_symlink_loop_is_named_as_one(tmp_path):
+    loop = tmp_path / "loop"
+    os.symlink(loop, loop)
+    proc = command(loop)
+    assert proc.returncode == 2 and f"{loop}: Too many levels of symbolic links" in proc.stderr
+
+
+@pytest.mark.parametrize("out, says", [
+    ("missing/x.png", "no folder {tmp}/missing to write the figure in"),
+    ("/proc/x.png", "the folder /proc cannot be written to"),
+    ("x.txt", "matplotlib writes .eps, .jpeg, .jpg, .pdf, .pgf, .png"),
+    ("x", "not a file without a suffix"),
+    ("a_folder", "{tmp}/a_folder: a folder; give the figure's file name, such as "
+                 "{tmp}/a_folder/loss-scale-report.png"),
+])
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, out, says):
+    (tmp_path / "a_folder").mkdir()
+    run = write_run(tmp_path / "run")
+    path = out if out.startswith("/") else str(tmp_path / out)
+    proc = command(run, "--out", path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout   # nothing read first
+    assert proc.stderr.startswith(f"python -m nnabla_mpt.report: error: --out {path}: ")
+    assert says.format(tmp=tmp_path) in proc.stderr
+
+
+@pytest.mark.parametrize("suffix", ["png", "svg", "pdf", "jpg"])
+def test_the_figure_is_written_in_the_format_its_suffix_names(run_dir, tmp_path, suffix):
+    out = tmp_path / f"run.{suffix}"
+    proc = command(run_dir, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith(f"  wrote {out}\n") and out.stat().st_size > 1000
+    head = out.read_bytes()[:8]
+    assert {"png": head == PNG, "svg": b"<?xml" in head, "pdf": head.startswith(b"%PDF"),
+            "jpg": head[:2] == b"\xff\xd8"}[suffix]
+
+
+def test_series_that_end_at_different_steps_are_reported_up_to_the_last_they_all_hold(
+        tmp_path):
+    """A skipped-steps file cut short at step 69 of a run of 200 steps: the report covers
+    0-69, the gradient statistics included, and says why."""
+    rows = range(9, 200, 10)
+    run = write_run(tmp_path / "run",
+                    scale="".join(f"{i} 1024\n" for i in rows),
+                    skipped_steps="".join(f"{i} 0\n" for i in rows if i <= 69),
+                    overflow_rate="".join(f"{i} 0\n" for i in rows),
+                    gradient_headroom="".join(f"{i} 3\n" for i in rows))
+    for key in ("zero-fraction", "subnormal-fraction"):
+        (run / f"loss-scale-gradient-{key}.series.txt").write_text(
+            "".join(f"{i} 0.01\n" for i in rows))
+    s = read_report(run).summary
+    assert (s.first_step, s.last_step, s.gradients[0]) == (0, 69, 69)
+    assert s.beyond == {"scale": 199, "overflow-rate": 199}
+    text = " ".join(read_report(run).text().split())
+    assert ("note: the series end at different steps (overflow-rate at 199, scale at 199; "
+            "the others at 69): the report covers the steps up to 69") in text
+    assert "199" not in text.replace("at 199", "")

@@ -11,6 +11,7 @@ matplotlib is imported when a figure is drawn. The figure is a ``matplotlib.figu
 made without pyplot: drawing one changes no global state, and a notebook shows the one
 returned.
 """
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
@@ -98,10 +99,26 @@ class RunPicture:
         return self.scale[np.searchsorted(self.steps, steps)] if steps.size else _empty()
 
 
+#: The text fields each format keeps: the summary goes where a description goes.
+_METADATA = {"png": ("Title", "Description"), "svg": ("Title", "Description"),
+             "svgz": ("Title", "Description"), "pdf": ("Title", "Subject"),
+             "eps": ("Title", None), "ps": ("Title", None)}
+
+
+def figure_formats() -> Optional[Tuple[str, ...]]:
+    """The file suffixes matplotlib writes a figure in (without the dot), or None where
+    matplotlib is not installed."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return None
+    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
 def draw(picture: RunPicture, path: Optional[str] = None,
-         metadata: Optional[Dict[str, str]] = None) -> Any:
-    """Draws ``picture``; saves it to ``path`` (PNG at 100 dpi, with the text chunks of
-    ``metadata``) when given.
+         description: Optional[str] = None) -> Any:
+    """Draws ``picture``; saves it to ``path`` (at 100 dpi, in the format its suffix names,
+    with the picture's title and ``description`` where the format keeps them) when given.
 
     Returns:
         The ``matplotlib.figure.Figure``.
@@ -128,7 +145,10 @@ def draw(picture: RunPicture, path: Optional[str] = None,
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=100, metadata=metadata)
+        keys = _METADATA.get(os.path.splitext(path)[1][1:].lower(), ())
+        kept = {key: value for key, value in zip(keys, (picture.title, description))
+                if key and value is not None}
+        fig.savefig(path, dpi=100, metadata=kept or None)
     return fig
 
 

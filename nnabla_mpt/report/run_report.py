@@ -59,10 +59,9 @@ class LossScaleReport:
         return draw(self.picture)
 
     def save(self, path: str) -> str:
-        """Draws the figure into ``path`` (PNG), the summary in its ``Description`` text
-        chunk; returns ``path``."""
-        draw(self.picture, os.fspath(path), metadata={"Title": self.picture.title,
-                                                      "Description": self.text()})
+        """Draws the figure into ``path`` (PNG, or the format its suffix names), the summary
+        in its description (a PNG's ``Description`` text chunk); returns ``path``."""
+        draw(self.picture, os.fspath(path), description=self.text())
         return path
 
     def __repr__(self) -> str:

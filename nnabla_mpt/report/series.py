@@ -16,11 +16,17 @@ How a directory is read::
 
 Pure Python and NumPy: neither nnabla nor matplotlib is imported.
 """
+import io
 import os
-from dataclasses import dataclass
-from typing import Dict, List, Optional
+import re
+import stat
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+
+from ..core.dtypes import FLOATS
+from ..files.regular_file import open_for_reading
 
 #: The series a LossScaleMonitor writes, by the key after its prefix; the first three always,
 #: the gradient series with gradient statistics, the last from the first growth point held by
@@ -53,8 +59,17 @@ class Series:
 
     def at(self, steps: np.ndarray) -> np.ndarray:
         """The values at ``steps``; NaN where the series has no value."""
-        lookup = dict(zip(self.steps.tolist(), self.values.tolist()))
-        return np.array([lookup.get(int(s), np.nan) for s in steps], dtype=np.float64)
+        steps = np.asarray(steps, dtype=np.int64)
+        if not self.steps.size:
+            return np.full(steps.shape, np.nan)
+        pos = np.minimum(np.searchsorted(self.steps, steps), self.steps.size - 1)
+        return np.where(self.steps[pos] == steps, self.values[pos], np.nan)
+
+    def upto(self, last: int) -> "Series":
+        """The series without its indices after ``last``."""
+        keep = int(np.searchsorted(self.steps, last, side="right"))
+        return Series(path=self.path, steps=self.steps[:keep], values=self.values[:keep],
+                      rewritten=self.rewritten, partial=self.partial)
 
 
 @dataclass(frozen=True)
@@ -64,14 +79,17 @@ class MonitorRun:
     Attributes:
         directory: The directory read.
         prefix: The prefix of the series (``LossScaleMonitor(prefix=...)``).
-        series: The series found, by key (see :data:`SERIES`).
-        steps: The last step of each window: the indices all three series of :data:`CORE`
-            hold, increasing.
+        series: The series found, by key (see :data:`SERIES`), none beyond the last window.
+        steps: The last step of each window: the indices all the series of :data:`WINDOW`
+            the directory has hold, increasing.
+        beyond: The series that went on after the last window (a file cut short, or still
+            being written), by key: the last index each held.
     """
     directory: str
     prefix: str
     series: Dict[str, Series]
     steps: np.ndarray
+    beyond: Dict[str, int] = field(default_factory=dict)
 
     def values(self, key: str) -> Optional[np.ndarray]:
         """The series ``key`` at every window (NaN where it has no value), or None when the
@@ -80,41 +98,81 @@ class MonitorRun:
         return None if found is None else found.at(self.steps)
 
 
+#: Bytes a series line may hold: the digits of the index, one space, the value as ``%g``
+#: writes it (digits, ``.``, ``e``, signs, ``inf``, ``nan``), and its newline.
+_ALLOWED = np.zeros(256, dtype=bool)
+_ALLOWED[np.frombuffer(b"0123456789 .eE+-infaINFA\n", np.uint8)] = True
+_DIGITS = 18            # an index has at most this many digits (below 2**63)
+_LINE = re.compile(r"([0-9]{1,%d}) ([-+]?(?:[0-9]+\.?[0-9]*(?:e[-+]?[0-9]+)?|\.[0-9]+"
+                   r"(?:e[-+]?[0-9]+)?|inf|nan))" % _DIGITS, re.IGNORECASE)
+
+
 def read_series(path: str) -> Series:
-    """Reads one ``MonitorSeries`` file.
+    """Reads one ``MonitorSeries`` file (a regular file: a FIFO or a device is refused
+    without being opened for reading, which could wait or act on it).
 
     Raises:
-        ValueError: a complete line is not ``<index> <value>``; the message names the file,
-            the line and what it holds.
+        ValueError: a complete line is not ``<index> <value>`` with an index of ASCII
+            digits below ``10**18``; the message names the file, the line and what it
+            holds.
+        OSError: the file cannot be read, or is not a regular file.
     """
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    lines = text.split("\n")
-    partial = lines[-1] != ""          # the last line has no newline yet
-    by_step: Dict[int, float] = {}
-    rewritten = 0
-    for number, line in enumerate(lines[:-1], 1):
+    with open_for_reading(path, f"cannot read the series {path}") as f:
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    partial = end < len(data)            # the last line has no newline yet
+    data = data[:end]
+    parsed = _parse_fast(data)
+    steps, values = parsed if parsed is not None else _parse_lines(path, data)
+    # an index written again keeps its last value: the first one in reversed order
+    unique, at = np.unique(steps[::-1], return_index=True)
+    return Series(path=path, steps=unique, values=values[::-1][at],
+                  rewritten=len(steps) - len(unique), partial=partial)
+
+
+def _parse_fast(data: bytes) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """The indices and values of ``data`` (complete lines) where every line has the form
+    ``MonitorSeries`` writes, checked and read with NumPy; None where a line does not, or
+    there is a blank one (:func:`_parse_lines` then reads them one by one)."""
+    if not data:
+        return np.zeros(0, np.int64), np.zeros(0, np.float64)
+    raw = np.frombuffer(data, np.uint8)
+    newlines, spaces = np.flatnonzero(raw == 10), np.flatnonzero(raw == 32)
+    if len(spaces) != len(newlines) or not _ALLOWED[raw].all():
+        return None
+    starts = np.concatenate([[0], newlines[:-1] + 1])
+    digits = spaces - starts            # one space a line, after 1 to 18 digits, before a value
+    if not ((digits >= 1) & (digits <= _DIGITS) & (spaces < newlines - 1)).all():
+        return None
+    others = np.flatnonzero((raw < 48) | (raw > 57))     # not a digit: after the space
+    others = others[(raw[others] != 32) & (raw[others] != 10)]
+    if not (spaces[np.searchsorted(newlines, others)] < others).all():
+        return None
+    try:
+        table = np.loadtxt(io.BytesIO(data), dtype=[("i", np.int64), ("v", np.float64)],
+                           ndmin=1, comments=None, delimiter=" ")
+    except ValueError:
+        return None
+    return table["i"], table["v"]
+
+
+def _parse_lines(path: str, data: bytes) -> Tuple[np.ndarray, np.ndarray]:
+    """The indices and values of ``data``, line by line (blank lines skipped); the first
+    line that is not ``<index> <value>`` raises the error of :func:`read_series`."""
+    steps, values = [], []
+    for number, raw in enumerate(data.split(b"\n")[:-1], 1):
+        line = raw.decode("utf-8", errors="replace")
         if not line.strip():
             continue
-        step, value = _parse(path, number, line)
-        rewritten += step in by_step
-        by_step[step] = value
-    steps = np.array(sorted(by_step), dtype=np.int64)
-    values = np.array([by_step[s] for s in steps.tolist()], dtype=np.float64)
-    return Series(path=path, steps=steps, values=values, rewritten=rewritten,
-                  partial=partial)
-
-
-def _parse(path: str, number: int, line: str):
-    fields = line.split()
-    try:
-        if len(fields) != 2:
-            raise ValueError
-        return int(fields[0]), float(fields[1])
-    except ValueError:
-        raise ValueError(f"{path}, line {number}: {line[:80]!r} is not '<index> <value>' as "
-                         f"nnabla's MonitorSeries writes it: not a series a LossScaleMonitor "
-                         f"wrote") from None
+        match = _LINE.fullmatch(line)
+        if match is None:
+            raise ValueError(f"{path}, line {number}: {line[:80]!r} is not '<index> <value>' "
+                             f"as nnabla's MonitorSeries writes it (an index of at most "
+                             f"{_DIGITS} ASCII digits, a space, a number): not a series a "
+                             f"LossScaleMonitor wrote")
+        steps.append(int(match.group(1)))
+        values.append(float(match.group(2)))
+    return np.array(steps, dtype=np.int64), np.array(values, dtype=np.float64)
 
 
 def read_run(directory: str, prefix: str = "loss-scale") -> MonitorRun:
@@ -123,15 +181,58 @@ def read_run(directory: str, prefix: str = "loss-scale") -> MonitorRun:
     Raises:
         FileNotFoundError: no such directory.
         NotADirectoryError: ``directory`` is a file.
+        OSError: it cannot be read (a symlink loop, no permission), or a series there is
+            not a regular file (a FIFO is refused without waiting for a writer).
         ValueError: it holds no loss-scale series with ``prefix`` (the message names the
             prefixes of the series it holds), one of the three every window has is missing,
-            a file is not a ``MonitorSeries``, or the series hold no window yet.
+            a file is not a ``MonitorSeries``, a value makes no sense (:func:`checked`), or
+            the series hold no window yet.
     """
     directory = os.fspath(directory)
-    if not os.path.exists(directory):
+    found = series_files(directory, prefix)
+    series = {key: checked(key, read_series(path)) for key, path in found.items()}
+    steps = series["scale"].steps
+    for key in WINDOW[1:]:
+        if key in series:
+            steps = np.intersect1d(steps, series[key].steps)
+    if steps.size == 0:
+        raise ValueError(f"{directory}: the {prefix} series hold no window yet (a run that "
+                         f"has just started: a LossScaleMonitor writes its first line after "
+                         f"`interval` steps)")
+    last = int(steps[-1])
+    beyond = {key: int(s.steps[-1]) for key, s in series.items()
+              if key in WINDOW and s.steps[-1] > last}
+    series = {key: s.upto(last) for key, s in series.items()}
+    return MonitorRun(directory=directory, prefix=prefix, series=series, steps=steps,
+                      beyond=beyond)
+
+
+_FLOAT32_MAX = FLOATS["float32"].max
+#: What the values of each series must be, by key: a test and what it asks for.
+_SENSE = {
+    **{key: (lambda v: (v > 0) & (v <= _FLOAT32_MAX),
+             "a loss scale above 0 and at most float32's largest value")
+       for key in ("scale", "scale-first", "scale-min", "scale-max")},
+    **{key: (lambda v: (v >= 0) & (v <= 1), "a fraction from 0 to 1")
+       for key in ("overflow-rate", "gradient-zero-fraction", "gradient-subnormal-fraction")},
+    **{key: (lambda v: np.isfinite(v) & (v >= 0) & (v == np.floor(v)), "a whole number >= 0")
+       for key in ("skipped-steps", "float32-steps", "growth-held-by-ceiling")},
+    "gradient-headroom": (lambda v: ~np.isnan(v), "powers of two (inf and -inf allowed)"),
+}
+
+
+def series_files(directory: str, prefix: str) -> Dict[str, str]:
+    """The paths of the series of ``prefix`` in ``directory``, by key (the errors of
+    :func:`read_run` where the directory or its three series of every window are not
+    there)."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(directory).st_mode)
+    except FileNotFoundError:
         raise FileNotFoundError(f"{directory}: no such directory; give the directory a "
-                                f"LossScaleMonitor writes to (its Monitor's save_path)")
-    if not os.path.isdir(directory):
+                                f"LossScaleMonitor writes to (its Monitor's save_path)") from None
+    except OSError as err:          # a symlink loop, a folder that cannot be searched, ...
+        raise OSError(err.errno, f"{directory}: {err.strerror}") from None
+    if not is_dir:
         raise NotADirectoryError(f"{directory}: a file, not a directory; give the directory "
                                  f"that holds the {prefix}-*{SUFFIX} files")
     names = set(os.listdir(directory))
@@ -145,16 +246,41 @@ def read_run(directory: str, prefix: str = "loss-scale") -> MonitorRun:
     if missing:
         raise ValueError(f"{directory}: {', '.join(missing)} missing; a LossScaleMonitor "
                          f"writes {', '.join(f'{prefix}-{k}{SUFFIX}' for k in CORE)} together")
-    series = {key: read_series(path) for key, path in found.items()}
-    steps = series["scale"].steps
-    for key in WINDOW[1:]:
-        if key in series:
-            steps = np.intersect1d(steps, series[key].steps)
-    if steps.size == 0:
-        raise ValueError(f"{directory}: the {prefix} series hold no window yet (a run that "
-                         f"has just started: a LossScaleMonitor writes its first line after "
-                         f"`interval` steps)")
-    return MonitorRun(directory=directory, prefix=prefix, series=series, steps=steps)
+    return found
+
+
+def checked(key: str, series: Series) -> Series:
+    """``series`` (the series ``key``) if its values make sense (:data:`_SENSE`; the
+    cumulative ``skipped-steps`` never falls).
+
+    Raises:
+        ValueError: the first value that does not, naming the file and its line.
+    """
+    test, wanted = _SENSE[key]
+    bad = np.flatnonzero(~test(series.values))
+    if bad.size:
+        step, value = int(series.steps[bad[0]]), float(series.values[bad[0]])
+        raise ValueError(f"{_where(series.path, step)}: {key} {value:g} at step {step} is not "
+                         f"{wanted}: not a series a LossScaleMonitor wrote")
+    if key == "skipped-steps":
+        falls = np.flatnonzero(np.diff(series.values) < 0)
+        if falls.size:
+            i = int(falls[0])
+            a, b = int(series.steps[i]), int(series.steps[i + 1])
+            raise ValueError(f"{_where(series.path, b)}: skipped-steps falls from "
+                             f"{series.values[i]:g} at step {a} to {series.values[i + 1]:g} at "
+                             f"step {b}: the count of skipped steps never falls")
+    return series
+
+
+def _where(path: str, step: int) -> str:
+    """``"<path>, line <n>"``: the last line of ``path`` that writes index ``step``."""
+    prefix, number = f"{step} ".encode(), None
+    with open_for_reading(path, f"cannot read the series {path}") as f:
+        for n, line in enumerate(f, 1):
+            if line.startswith(prefix):
+                number = n
+    return f"{path}, line {number}"
 
 
 def _other_prefixes(names) -> str:

@@ -20,8 +20,8 @@ import math
 import os
 import textwrap
 from collections import Counter
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -152,6 +152,8 @@ class RunSummary:
             largest subnormal fraction.
         rewritten: Lines whose index was written before (a rewound or resumed run).
         partial: The files whose last line was still being written.
+        beyond: The series that went on after the last window all the series hold, by
+            key: their last index (a file cut short, or a run still writing).
     """
     directory: str
     prefix: str
@@ -177,6 +179,7 @@ class RunSummary:
     rewritten: int
     partial: List[str]
     switch: Optional[int] = None
+    beyond: Dict[str, int] = field(default_factory=dict)
     float32_throughout: bool = False
     precision_recorded: bool = False
     ranged: bool = False
@@ -218,7 +221,7 @@ def summarize(run: MonitorRun, windows: Optional[Windows] = None) -> RunSummary:
         gradients=_last_gradients(run), most_subnormal=_most_subnormal(run),
         rewritten=sum(s.rewritten for s in run.series.values()),
         partial=sorted(s.path for s in run.series.values() if s.partial),
-        switch=switch, float32_throughout=w.float32_throughout,
+        switch=switch, beyond=dict(run.beyond), float32_throughout=w.float32_throughout,
         precision_recorded=w.float32 is not None, ranged=w.ranged)
 
 
@@ -290,6 +293,11 @@ def summary_text(s: RunSummary) -> str:
     if s.partial:
         lines.append(wrap("note: a last line still being written (a run in progress) left "
                           "out of " + ", ".join(os.path.basename(p) for p in s.partial)))
+    if s.beyond:
+        ends = ", ".join(f"{key} at {last}" for key, last in sorted(s.beyond.items()))
+        lines.append(wrap(f"note: the series end at different steps ({ends}; the others at "
+                          f"{s.last_step}): the report covers the steps up to {s.last_step}, "
+                          f"which all of them hold"))
     if not (s.ranged and s.precision_recorded):
         lines.append(wrap("note: these files record neither each window's first, smallest "
                           "and largest scale nor its float32 steps (a LossScaleMonitor of an "
