@@ -29,7 +29,7 @@ setup(
     extras_require={
         "mpi": ["mpi4py>=3.1", "mpich"],
         "demo": ["scikit-learn", "matplotlib", "tqdm"],
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "test": ["pytest>=7", "hypothesis>=6", "pytest-randomly"],
         "docs": ["sphinx>=5"],
         "plot": ["matplotlib"],
         "tensorboard": ["tensorboardX"],
