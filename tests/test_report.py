@@ -89,9 +89,10 @@ def test_the_figure_has_the_panels_the_series_hold(tmp_path):
     assert legend(scale)[:3] == ["loss scale: range of each window",
                                  "loss scale at each window's last step",
                                  "window with skipped steps"]
-    [bars] = rate.containers
-    assert [round(b.get_height()) for b in bars] == [80] + [20] * 7
-    assert [(b.get_x(), b.get_width()) for b in bars][:2] == [(0, 5), (5, 5)]
+    [stairs] = rate.patches
+    values, edges, _ = stairs.get_data()
+    assert [round(v) for v in values] == [80] + [20] * 7
+    assert list(edges) == list(range(0, 41, 5))
     assert list(headroom.lines[0].get_xdata()) == list(range(4, 40, 5))
     plain = read_report(tmp_path / "plain").figure()
     assert [ax.get_ylabel() for ax in plain.axes] == ["loss scale", "overflow rate (%)"]

@@ -253,11 +253,12 @@ def scale_line(ax: Any, pic: RunPicture, unit: str) -> None:
 
 
 def rate_panel(ax: Any, pic: RunPicture) -> None:
-    """The overflow rate of each window (or bin of windows), as a bar over its steps."""
-    first, last = pic.window_first, pic.window_last
+    """The overflow rate of each window (or bin of windows) over its steps: one filled
+    outline (windows follow each other without a gap)."""
+    edges = np.append(pic.window_first, pic.window_last[-1] + 1)
     unit = "bin" if pic.binned else "window"
-    ax.bar(first, 100 * np.asarray(pic.overflow_rate), width=last - first + 1, align="edge",
-           color="tab:red", alpha=0.6, label=f"skipped steps of the {unit} (%)")
+    ax.stairs(100 * np.asarray(pic.overflow_rate), edges, fill=True, color="tab:red",
+              alpha=0.6, label=f"skipped steps of the {unit} (%)")
     mark_switch(ax, pic.switch)
     top = 100 * float(np.max(pic.overflow_rate, initial=0.0))
     ax.set_ylim(0, min(100.0, max(5.0, 1.15 * top)))       # small rates stay visible

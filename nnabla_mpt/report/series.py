@@ -124,6 +124,8 @@ def read_series(path: str) -> Series:
     data = data[:end]
     parsed = _parse_fast(data)
     steps, values = parsed if parsed is not None else _parse_lines(path, data)
+    if steps.size < 2 or (np.diff(steps) > 0).all():     # each index once, in order
+        return Series(path=path, steps=steps, values=values, partial=partial)
     # an index written again keeps its last value: the first one in reversed order
     unique, at = np.unique(steps[::-1], return_index=True)
     return Series(path=path, steps=unique, values=values[::-1][at],
@@ -193,8 +195,8 @@ def read_run(directory: str, prefix: str = "loss-scale") -> MonitorRun:
     series = {key: checked(key, read_series(path)) for key, path in found.items()}
     steps = series["scale"].steps
     for key in WINDOW[1:]:
-        if key in series:
-            steps = np.intersect1d(steps, series[key].steps)
+        if key in series and not np.array_equal(steps, series[key].steps):
+            steps = np.intersect1d(steps, series[key].steps, assume_unique=True)
     if steps.size == 0:
         raise ValueError(f"{directory}: the {prefix} series hold no window yet (a run that "
                          f"has just started: a LossScaleMonitor writes its first line after "

@@ -19,7 +19,6 @@ How the numbers are made from the windows (the indices of the series, see
 import math
 import os
 import textwrap
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -84,8 +83,9 @@ class Windows:
 def windows_of(run: MonitorRun) -> Windows:
     """The windows of ``run``: where each starts and how many of its steps were skipped."""
     last = run.steps
-    gaps = Counter(np.diff(last).tolist())
-    interval = (max(gaps, key=lambda gap: (gaps[gap], gap)) if gaps else int(last[0]) + 1)
+    gaps, counts = np.unique(np.diff(last), return_counts=True)   # the most common, the
+    interval = (max(zip(counts.tolist(), gaps.tolist()))[1] if gaps.size   # longer if tied
+                else int(last[0]) + 1)
     first = np.concatenate([[max(0, int(last[0]) - interval + 1)], last[:-1] + 1])
     rate = run.values("overflow-rate")
     skipped = np.rint(rate * (last - first + 1)).astype(np.int64)
@@ -104,7 +104,12 @@ def streak_bounds(steps: np.ndarray, skipped: np.ndarray) -> Tuple[int, int]:
     """``(at least, at most)`` the longest run of skipped steps in a row, from the skipped
     steps of consecutive windows of ``steps`` steps each."""
     lower = upper = run = ending = 0       # ending: the longest run that may end a window
-    for n, k in zip(steps.tolist(), skipped.tolist()):
+    previous = -2
+    for j in np.flatnonzero(skipped > 0).tolist():   # a window without skips ends any run
+        if j != previous + 1:
+            run = ending = 0
+        previous = j
+        n, k = int(steps[j]), int(skipped[j])
         if k >= n:
             run += n
             ending += n
@@ -200,23 +205,22 @@ def summarize(run: MonitorRun, windows: Optional[Windows] = None) -> RunSummary:
     steps = int(w.steps.sum())
     scaled, switch, used = w.scaled, w.switch, w.used_scale
     counted = w.steps if switch is None else np.minimum(w.last + 1, switch) - w.first
-    at_scale: Counter = Counter()
-    for j in np.flatnonzero(scaled).tolist():
-        at_scale[float(used[j])] += int(counted[j])
+    scales, at = np.unique(used[scaled], return_inverse=True)
+    at_scale = dict(zip(scales.tolist(), np.bincount(at, counted[scaled]).astype(int).tolist()))
     held = run.values("growth-held-by-ceiling")
     held = np.zeros(len(w.last)) if held is None else np.nan_to_num(held)
     return RunSummary(
         directory=run.directory, prefix=run.prefix, first_step=int(w.first[0]),
         last_step=int(w.last[-1]), windows=len(w.last), interval=w.interval,
         skipped=int(w.skipped.sum()), per_thousand=1000.0 * float(w.skipped.sum()) / steps,
-        skipped_in=[(int(a), int(b), int(k)) for a, b, k in zip(w.first, w.last, w.skipped)
-                    if k],
+        skipped_in=[(int(w.first[j]), int(w.last[j]), int(w.skipped[j]))
+                    for j in np.flatnonzero(w.skipped)],
         streak=streak_bounds(w.steps, w.skipped),
         scale_first=float(w.scale_first[0]), scale_last=float(used[scaled][-1]),
         scale_min=float(w.low[scaled].min()), scale_max=float(w.high[scaled].max()),
         scale_steps=sorted(at_scale.items(), key=lambda item: -item[1]),
         last_change=_last_change(w), held_by_ceiling=int(held.sum()),
-        ceiling_windows=[(int(a), int(b)) for a, b, h in zip(w.first, w.last, held) if h > 0],
+        ceiling_windows=[(int(w.first[j]), int(w.last[j])) for j in np.flatnonzero(held > 0)],
         ceiling_scale=_ceiling(w, held),
         gradients=_last_gradients(run), most_subnormal=_most_subnormal(run),
         rewritten=sum(s.rewritten for s in run.series.values()),
