@@ -299,3 +299,20 @@ def test_a_long_run_is_drawn_in_bins_that_keep_its_extremes_and_counts():
         else:
             assert np.isnan(b.scale[k])
     assert binned(w, np.zeros(n), n).windows == 1
+
+
+def test_a_series_read_in_small_blocks_is_the_series_read_whole(tmp_path, monkeypatch):
+    """Blocks that end inside a line, an index written again across blocks, a partial
+    last line: the same steps, values and counts as one block."""
+    from nnabla_mpt.report import series as series_module
+    path = tmp_path / "loss-scale-scale.series.txt"
+    path.write_text("".join(f"{i} {2.0 ** (i % 7):g}\n" for i in range(0, 300, 3)) +
+                    "150 0.125\n297 8\n300 1")
+    whole = series_module.read_series(str(path))
+    monkeypatch.setattr(series_module, "_CHUNK", 7)
+    blocks = series_module.read_series(str(path))
+    assert (whole.rewritten, whole.partial) == (blocks.rewritten, blocks.partial) == (2, True)
+    np.testing.assert_array_equal(whole.steps, blocks.steps)
+    np.testing.assert_array_equal(whole.values, blocks.values)
+    assert whole.steps.tolist() == list(range(0, 300, 3))
+    assert whole.values[50] == 0.125 and whole.values[-1] == 8.0

@@ -103,6 +103,7 @@ class MonitorRun:
 _ALLOWED = np.zeros(256, dtype=bool)
 _ALLOWED[np.frombuffer(b"0123456789 .eE+-infaINFA\n", np.uint8)] = True
 _DIGITS = 18            # an index has at most this many digits (below 2**63)
+_CHUNK = 32 << 20       # bytes read and parsed at a time
 _LINE = re.compile(r"([0-9]{1,%d}) ([-+]?(?:[0-9]+\.?[0-9]*(?:e[-+]?[0-9]+)?|\.[0-9]+"
                    r"(?:e[-+]?[0-9]+)?|inf|nan))" % _DIGITS, re.IGNORECASE)
 
@@ -117,13 +118,25 @@ def read_series(path: str) -> Series:
             holds.
         OSError: the file cannot be read, or is not a regular file.
     """
+    parts, tail, fast = [], b"", True
     with open_for_reading(path, f"cannot read the series {path}") as f:
-        data = f.read()
-    end = data.rfind(b"\n") + 1
-    partial = end < len(data)            # the last line has no newline yet
-    data = data[:end]
-    parsed = _parse_fast(data)
-    steps, values = parsed if parsed is not None else _parse_lines(path, data)
+        for block in iter(lambda: f.read(_CHUNK), b""):   # in blocks: memory stays low
+            block = tail + block
+            end = block.rfind(b"\n") + 1
+            tail, parsed = block[end:], _parse_fast(block[:end])
+            if parsed is None:
+                fast = False
+                break
+            parts.append(parsed)
+    if fast:
+        steps = np.concatenate([p[0] for p in parts] or [np.zeros(0, np.int64)])
+        values = np.concatenate([p[1] for p in parts] or [np.zeros(0)])
+    else:                               # line by line, for the line to name
+        with open_for_reading(path, f"cannot read the series {path}") as f:
+            data = f.read()
+        tail = data[data.rfind(b"\n") + 1:]
+        steps, values = _parse_lines(path, data[:len(data) - len(tail)])
+    partial = tail != b""                # the last line has no newline yet
     if steps.size < 2 or (np.diff(steps) > 0).all():     # each index once, in order
         return Series(path=path, steps=steps, values=values, partial=partial)
     # an index written again keeps its last value: the first one in reversed order
