@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .core import _validate as check
+from .files.writable import writable_folder
 
 #: Numbers the event files of the process's LossScaleTensorBoard writers.
 _WRITERS = itertools.count(1)
@@ -323,6 +324,8 @@ class LossScaleTensorBoard(LossScaleCallback):
 
     Raises:
         ImportError: tensorboardX is not installed; the message says how to install it.
+        OSError: the directory cannot be made or written to (checked here, not at the
+            first step).
         TypeError, ValueError: an argument is not valid; the message names it.
     """
 
@@ -335,6 +338,7 @@ class LossScaleTensorBoard(LossScaleCallback):
                               "nnabla_mpt: pip install \".[tensorboard]\")") from err
         if isinstance(logdir, (str, os.PathLike)):
             self.logdir, self.writer = os.fspath(logdir), None
+            writable_folder("logdir", self.logdir)
         elif callable(getattr(logdir, "add_scalar", None)):
             self.logdir, self.writer = None, logdir
         else:

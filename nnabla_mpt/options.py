@@ -114,8 +114,8 @@ N = Option("N", 2000, int,
            _integer(1))
 ENABLE_OVERFLOW_CHECK = Option(
     "enable_overflow_check", True, bool,
-    "Skip steps whose gradients overflowed (the scale stays). False runs no check and "
-    "always updates, for networks whose overflow is harmless (clipped or masked later).",
+    "Skip overflowing steps (the scale stays). False: no check, for harmless overflow; a "
+    "step whose clipping norm is not finite (``clip_grad_norm=``) is skipped all the same.",
     check.boolean)
 CLEAR_BUFFER = Option("clear_buffer", True, bool,
                       "Free intermediate buffers during forward and backward.", check.boolean)

@@ -62,7 +62,7 @@ class Setting:
         if not self.live:
             raise AttributeError(f"{owner}.{name} cannot be changed after construction "
                                  f"({name} = {value!r} refused): {self.instead}")
-        with updater.between_steps(f"{name} = {value!r}"):
+        with updater._between_steps(f"{name} = {value!r}"):
             value = (options.option_named(name).check(name, value) if self.check is None
                      else self.check(updater, value))
             (self.take or partial(_set_path, self.read))(updater, value)
@@ -70,34 +70,34 @@ class Setting:
 
 class OneAtATime:
     """One step, setting change or state load at a time, in one thread (a mixin of the
-    step loop's class): :meth:`enter` takes the updater's lock, or refuses."""
+    step loop's class): :meth:`_enter` takes the updater's lock, or refuses."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: Optional[int] = None      # the thread holding the lock, if any
 
-    def enter(self, what: str) -> None:
+    def _enter(self, what: str) -> None:
         """Takes the updater for ``what`` (``"update()"``, ``"weight_decay = 0.5"``, named
-        in the ``RuntimeError`` that refuses it while it is taken); :meth:`leave` gives it
+        in the ``RuntimeError`` that refuses it while it is taken); :meth:`_leave` gives it
         back."""
         if not self._lock.acquire(blocking=False):
             raise _refused(f"{type(self).__name__}.{what}",
                            self._running == threading.get_ident())
         self._running = threading.get_ident()
 
-    def leave(self) -> None:
-        """Gives back what :meth:`enter` took."""
+    def _leave(self) -> None:
+        """Gives back what :meth:`_enter` took."""
         self._running = None
         self._lock.release()
 
     @contextmanager
-    def between_steps(self, what: str) -> Iterator[None]:
-        """Runs the body with the updater to itself (:meth:`enter`)."""
-        self.enter(what)
+    def _between_steps(self, what: str) -> Iterator[None]:
+        """Runs the body with the updater to itself (:meth:`_enter`)."""
+        self._enter(what)
         try:
             yield
         finally:
-            self.leave()
+            self._leave()
 
 
 def _refused(what: str, this_thread: bool) -> RuntimeError:

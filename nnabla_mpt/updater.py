@@ -250,7 +250,7 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.
                 this one (a monitor hook or data feeder calling it): one step at a time. Or
                 ``comm`` has an all-reduce armed by a script's ``all_reduce_callback()``.
         """
-        self.enter("update()")
+        self._enter("update()")
         try:
             if self._comm is not None:
                 agreement.check_not_armed(self._comm)
@@ -261,7 +261,7 @@ class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.
                 result = self._step(result.attempts + 1)
             return result
         finally:
-            self.leave()
+            self._leave()
 
     def _step(self, attempts: int) -> StepResult:
         index = self._steps
@@ -416,7 +416,9 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
 
     With ``enable_overflow_check=True`` (default) an overflowing step is skipped and the
     scale stays. With ``enable_overflow_check=False`` no check runs and the parameters are
-    always updated, for networks whose overflow is harmless (clipped or masked later).
+    updated, for networks whose overflow is harmless (clipped or masked later), except on a
+    step where ``clip_grad_norm=`` finds a gradient norm that is not finite: dividing by it
+    would write NaN into every parameter, so that step is skipped all the same.
     The options are those of :class:`DynamicLossScalingUpdater` that do not concern a
     dynamic scale.
 

@@ -244,7 +244,7 @@ class Resumable(StepCounters):
             TypeError: a value has the wrong type (a counter that is no integer,
                 ``calibration_pending`` that is no bool); the message names it.
         """
-        with self.between_steps("load_state_dict()"):
+        with self._between_steps("load_state_dict()"):
             self._apply_state(state)
 
     def _apply_state(self, state: Mapping[str, Any]) -> None:
@@ -295,6 +295,6 @@ class Resumable(StepCounters):
                 NaN, or its parameters, solver states or updater state do not match this
                 updater (the message names ``path`` and the arrays). Nothing is changed.
         """
-        with self.between_steps("load_checkpoint()"):
+        with self._between_steps("load_checkpoint()"):
             state = checkpoint.load(path, self._params, self._solver, self._check_state)
             self._apply_state(state)

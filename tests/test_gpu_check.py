@@ -1,5 +1,5 @@
 """``tools/gpu_check.py``, the GPU check a user runs: without CUDA it says what it needs
-and exits 0; its pieces work; and its checks pass on the CPU with the suite's stand-ins for
+and exits 3 (nothing checked); its pieces work; and its checks pass on the CPU with the suite's stand-ins for
 what only a GPU does (``mpi_workers/standins.py``, the CPU contexts of
 ``core/test_contexts.py``), so the script keeps up with the package while no GPU runs it.
 """
@@ -31,10 +31,10 @@ no_cuda = pytest.mark.skipif(_cuda_importable(), reason="nnabla_ext.cuda is inst
 
 
 @no_cuda
-def test_without_cuda_it_says_what_it_needs_and_exits_0(tmp_path):
+def test_without_cuda_it_says_what_it_needs_and_exits_with_nothing_checked(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == gpu_check.NOTHING_CHECKED == 3, proc.stderr[-2000:]
     out = proc.stdout
     assert "SKIP gpu_check: nnabla_ext.cuda (or .cudnn) cannot be imported" in out
     assert f"nnabla-ext-cuda matching nnabla {nn.__version__}" in out
@@ -227,3 +227,11 @@ def test_a_child_process_that_prints_nothing_is_a_fail(monkeypatch):
     assert len(results) == 1 and results[0].status == "FAIL", results
     assert results[0].name == "communicator_cudnn_half"
     assert "ended with status 1" in results[0].detail
+
+
+def test_the_exit_status_says_failed_nothing_checked_or_passed():
+    R = gpu_check.Result
+    assert gpu_check.exit_status([R("PASS", "a", ""), R("FAIL", "b", "")]) == 1
+    assert gpu_check.exit_status([R("SKIP", "a", ""), R("SKIP", "b", "")]) == 3
+    assert gpu_check.exit_status([]) == 3
+    assert gpu_check.exit_status([R("SKIP", "a", ""), R("PASS", "b", "")]) == 0

@@ -316,3 +316,16 @@ def test_a_series_read_in_small_blocks_is_the_series_read_whole(tmp_path, monkey
     np.testing.assert_array_equal(whole.values, blocks.values)
     assert whole.steps.tolist() == list(range(0, 300, 3))
     assert whole.values[50] == 0.125 and whole.values[-1] == 8.0
+
+
+def test_the_legend_names_only_what_is_drawn_and_the_ceiling_shows_over_the_scale(tmp_path):
+    """A run without skipped steps whose scale sits at 2**15, the float16 seed's ceiling."""
+    for key, value in {"scale": 32768, "skipped-steps": 0, "overflow-rate": 0}.items():
+        (tmp_path / f"loss-scale-{key}.series.txt").write_text(
+            "".join(f"{i} {value}\n" for i in range(9, 100, 10)))
+    scale = read_report(tmp_path).figure().axes[0]
+    labels = legend(scale)
+    assert not any("skipped" in label for label in labels), labels
+    ceiling = next(l for l in scale.lines if l.get_label().startswith("largest scale an fp16"))
+    used = next(l for l in scale.lines if l.get_label().startswith("loss scale at each"))
+    assert set(used.get_ydata()) == {32768.0} and ceiling.get_zorder() > used.get_zorder()

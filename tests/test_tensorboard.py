@@ -192,3 +192,13 @@ def test_arguments_are_checked(tmp_path, kwargs, error, message):
     args = {"logdir": str(tmp_path), **kwargs}
     with pytest.raises(error, match=message):
         LossScaleTensorBoard(**args)
+
+
+@pytest.mark.parametrize("where", ["under a file", "/proc"])
+def test_a_folder_that_cannot_be_written_is_refused_when_the_hook_is_made(tmp_path, where):
+    (tmp_path / "a_file").write_text("")
+    logdir = tmp_path / "a_file" / "tb" if where == "under a file" else "/proc/tb"
+    with pytest.raises(OSError, match=rf"logdir '{logdir}' cannot be made or written to: "):
+        LossScaleTensorBoard(logdir, interval=2)
+    board = LossScaleTensorBoard(tmp_path / "new" / "tb", interval=2)   # made for it
+    assert (tmp_path / "new" / "tb").is_dir() and board.writer is None

@@ -8,7 +8,8 @@ matches the installed nnabla, as one process (no ``mpirun``)::
 
 It prints one line per check, ``PASS name: detail``, ``FAIL name: detail`` or
 ``SKIP name: why`` (lines starting with ``#`` describe the machine), and exits with status
-1 if a check failed, else 0. Without CUDA it says what it needs and exits 0. It is meant
+1 if a check failed, 3 if nothing was checked (no CUDA: it says what it needs; or every
+check skipped), else 0, so that a CI job never reads "nothing checked" as a pass. It is meant
 to take a few minutes at most (not measured: no GPU was at hand). Send its whole output
 with a bug report.
 
@@ -709,13 +710,17 @@ def run_child(spec: str) -> List[Result]:
     return results
 
 
+#: The exit status when no check ran to a PASS or a FAIL.
+NOTHING_CHECKED = 3
+
+
 def run_all(device: str) -> int:
     problem, info = cuda_problem()
     for line in info:
         print(f"# {line}", flush=True)
     if problem:
         print("\n".join(needs(problem, nnabla_version())), flush=True)
-        return 0
+        return NOTHING_CHECKED
     try:
         import nnabla_mpt
     except Exception as exc:  # noqa: BLE001
@@ -730,7 +735,13 @@ def run_all(device: str) -> int:
     counts = collections.Counter(r.status for r in results)
     print(f"# {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped",
           flush=True)
-    return 1 if counts["FAIL"] else 0
+    return exit_status(results)
+
+
+def exit_status(results: List["Result"]) -> int:
+    """1 if a check failed, :data:`NOTHING_CHECKED` if none passed either, else 0."""
+    statuses = {r.status for r in results}
+    return 1 if "FAIL" in statuses else 0 if "PASS" in statuses else NOTHING_CHECKED
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -740,7 +751,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.communicator:
         results = [report(r) for r in communicator_checks(args.communicator)]
-        return 1 if any(r.status == "FAIL" for r in results) else 0
+        return 1 if any(r.status == "FAIL" for r in results) else 0   # read by the parent
     return run_all(str(args.device))
 
 

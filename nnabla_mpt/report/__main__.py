@@ -12,10 +12,10 @@ matplotlib the summary is printed all the same, and the command says how to inst
 import argparse
 import os
 import sys
-import tempfile
 from typing import List, Optional
 
 from ..files.regular_file import check_existing
+from ..files.writable import cannot_write_in
 from .figure import figure_formats
 from .run_report import read_report
 
@@ -49,10 +49,9 @@ def checked_out(out: str) -> str:
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         return f"--out {out}: no folder {folder} to write the figure in"
-    try:                    # root writes where os.access says so, but not on /proc
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as err:
-        return f"--out {out}: the folder {folder} cannot be written to ({err.strerror})"
+    why = cannot_write_in(folder)
+    if why:
+        return f"--out {out}: the folder {folder} cannot be written to ({why})"
     formats = figure_formats()
     suffix = os.path.splitext(out)[1][1:].lower()
     if formats is not None and suffix not in formats:

@@ -180,9 +180,10 @@ def loss_panel(ax: Any, pic: RunPicture) -> None:
         ax.plot(curve.steps, smooth(curve.values, max(1, len(curve.steps) // 50)),
                 color=curve.color, label=curve.label)
     first = pic.losses[0]
-    at = np.searchsorted(first.steps, pic.skipped.astype(np.int64))
-    ax.scatter(first.steps[at], np.asarray(first.values)[at], marker="x", color="tab:red",
-               zorder=3, label="skipped step" + (f" ({pic.dtype})" if pic.dtype else ""))
+    if len(pic.skipped):
+        at = np.searchsorted(first.steps, pic.skipped.astype(np.int64))
+        ax.scatter(first.steps[at], np.asarray(first.values)[at], marker="x", color="tab:red",
+                   zorder=3, label="skipped step" + (f" ({pic.dtype})" if pic.dtype else ""))
     mark_switch(ax, pic.switch, label=True)
     ax.set_yscale("log")
     ax.set_ylabel("training loss per example")
@@ -216,7 +217,8 @@ def scale_panel(ax: Any, pic: RunPicture) -> None:
                    facecolors="none", color="tab:olive", zorder=3,
                    label=("growth due, " if per_step else f"{unit} with growth ") + ceiling)
     ax.axhline(FP16.max, color="gray", ls="--", lw=0.8, label="largest fp16 number (65504)")
-    ax.axhline(FP16.max_power_of_two, color="tab:olive", ls=":", lw=1.2,
+    # above the scale's line: a scale held there shows both (green under olive dots)
+    ax.axhline(FP16.max_power_of_two, color="tab:olive", ls=":", lw=1.4, zorder=3,
                label="largest scale an fp16 loss can seed (2**15 = 32768)")
     mark_switch(ax, pic.switch, label=True)
     ax.set_yscale("log", base=2)

@@ -25,7 +25,9 @@ class LocalDecision:
 
     Args:
         check: The overflow check of the solver's gradients, or None when checking is
-            off (the step always updates); kept as the attribute ``check``.
+            off (the decision is to update; a clipping norm that is not finite still
+            skips the step, see :class:`~nnabla_mpt.step.unscale.Unscaler`); kept as the
+            attribute ``check``.
         batch: The check of a skipped step's batch (:class:`~nnabla_mpt.step.detector.BatchCheck`).
     """
 
