@@ -51,4 +51,7 @@ NOT_MEASURED = {
     "statistics every 50 steps": "the demo's --stats-every default",
     "a scale of ``2**20`` reads": "an example of the series' six digits",
     "the headroom every 10 steps": "the example run's --monitor-interval and --stats-every",
+    "(nnabla 1.39 declares ``protobuf~=3.20``)": "versions: what nnabla's package declares",
+    "TensorBoard 2.21 declares ``protobuf>=6.31.1`` and does not import with 3.20":
+        "versions: what TensorBoard's package declares, and the protobuf nnabla's takes",
 }
