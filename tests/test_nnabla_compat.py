@@ -188,3 +188,24 @@ def test_every_option_is_keyword_only_documented_and_known(cls):
     too_many = [None] * (len(params) - 1)
     with pytest.raises(TypeError, match=r"takes at most \d+ positional arguments"):
         cls(net.solver(), net.loss, *too_many)
+
+
+def test_the_collapse_example_shows_nnabla_s_updater_sinking_and_ours_stopping():
+    """examples/nnabla_updater_collapse.py, whose results the README quotes: nnabla's
+    updater applies an outlier batch, its scale reaches 0 and it never raises; ours stops
+    with the overflowing function named and the weights intact."""
+    import subprocess
+    import sys
+    from doc_pages import ROOT
+    proc = subprocess.run([sys.executable, "examples/nnabla_updater_collapse.py"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ours = proc.stdout.split("nnabla_mpt's DynamicLossScalingUpdater")[1]
+    theirs = proc.stdout.split("nnabla_mpt's DynamicLossScalingUpdater")[0]
+    assert "an outlier batch applied: largest weight" in theirs
+    assert ": scale 0, after " in theirs and "nothing raised" in theirs
+    assert "LossScaleCollapseError: non-finite loss (8 consecutive steps" in ours
+    assert "SquaredError (#3) after fc2/affine produced inf/NaN from finite inputs" in ours
+    final = float(ours.rsplit("largest weight ", 1)[1].split()[0])
+    start = float(ours.split("largest weight ", 1)[1].split()[0])
+    assert final < 2 * start       # the outliers never reached the weights

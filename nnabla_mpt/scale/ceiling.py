@@ -70,7 +70,10 @@ class GrowthLimit:
         logger.warning(
             f"nnabla_mpt: the loss scale is held at {scale:g} by the largest power of two "
             f"the loss's dtype ({self._dtype.name}) holds, not by the gradients, which leave "
-            f"{room}: backward(scale) seeds the pass in the loss's dtype. A loss built in "
+            f"{room} beyond the margin measured growth keeps below the dtype's largest value "
+            f"(1.4 to 8 times, from the spread of the watched steps; the headroom of the "
+            f"gradient statistics counts without it): backward(scale) seeds the pass in "
+            f"the loss's dtype. A loss built in "
             f"float32 lifts the ceiling: build the network in half and only the loss under "
             f"a float context (F.identity(logits), then the loss); the gradients stay "
             f"float16 and bounded by it (see the measured-scaling page)")
