@@ -330,12 +330,12 @@ def train_fp16(graph, solver, stream, steps, scaling, loss_divisor=1, progress="
             record_step(history, result, growth_due, float(ran["loss"].d) / loss_divisor)
             if loss_series is not None:
                 loss_series.add(result.step, history["loss"][-1])
-            scale = (format_scale(result.next_scale) if updater.precision == "half"
-                     else "none (float32)")
-            bar.set_postfix(loss="{:.3f}".format(history["loss"][-1]), scale=scale,
-                            skipped=updater.skipped_steps, refresh=False)
+            scale = ("scale " + format_scale(result.next_scale) if updater.precision == "half"
+                     else "float32, no loss scale")
+            bar.set_postfix_str("loss {:.3f}, {}, skipped {}".format(
+                history["loss"][-1], scale, updater.skipped_steps), refresh=False)
             if lines is not None:
-                lines.step(result.step + 1, "loss {:.3f}, scale {}, skipped {}".format(
+                lines.step(result.step + 1, "loss {:.3f}, {}, skipped {}".format(
                     history["loss"][-1], scale, updater.skipped_steps))
     if hook is not None:
         hook.flush()        # summarise the last, unfinished window too

@@ -484,3 +484,16 @@ def test_on_a_terminal_log_lines_are_written_through_the_bar(tmp_path):
     for i in during:
         start = max(out.rfind("\n", 0, i), out.rfind("\r", 0, i)) + 1
         assert out[start:i].strip() == "", repr(out[max(0, i - 200):i + 80])
+
+
+def test_progress_after_a_precision_switch_says_float32(tmp_path):
+    """Progress lines (stdout to a pipe): the last one, after the switch, says float32 and
+    no loss scale, not a scale."""
+    cmd = [sys.executable, str(DEMO), "--out", str(tmp_path), "--steps", "40", "--interval",
+           "10", "--stats-every", "10", "--accelerate-train-mode", "fast|step|0.75"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("fp16 : step")]
+    assert lines and lines[-1].startswith("fp16 : step 40/40")
+    assert ", float32, no loss scale, skipped " in lines[-1] and "scale none" not in lines[-1]
+    assert all(", scale " in line for line in lines[:-1]), lines

@@ -12,7 +12,8 @@ How the numbers are made from the windows (the indices of the series, see
         k skips among n steps force ceil(k / (n - k + 1)) in a row), at most what they
         allow (a window's skips at its end, full windows, the next window's at its start);
         with windows of one step the two are the same
-    where the scale sat: the steps at each scale, a window counted at its last step's
+    where the scale sat: the steps at each scale, a window counted at its last step's (of
+        its reduced-precision steps: after a precision switch no scale counts)
     what held it: growth points held by the loss dtype's ceiling (growth-held-by-ceiling),
         overflows after the first window, the last headroom (gradient-headroom)
 """
@@ -83,9 +84,9 @@ class Windows:
 def windows_of(run: MonitorRun) -> Windows:
     """The windows of ``run``: where each starts and how many of its steps were skipped."""
     last = run.steps
-    gaps, counts = np.unique(np.diff(last), return_counts=True)   # the most common, the
-    interval = (max(zip(counts.tolist(), gaps.tolist()))[1] if gaps.size   # longer if tied
-                else int(last[0]) + 1)
+    # the most common distance between indices (the longer of two as common)
+    gaps, counts = np.unique(np.diff(last), return_counts=True)
+    interval = max(zip(counts.tolist(), gaps.tolist()))[1] if gaps.size else int(last[0]) + 1
     first = np.concatenate([[max(0, int(last[0]) - interval + 1)], last[:-1] + 1])
     rate = run.values("overflow-rate")
     skipped = np.rint(rate * (last - first + 1)).astype(np.int64)
