@@ -10,7 +10,6 @@ memory. It asks, with this machine's own figures, for gradients larger than its 
 gradients that fit in ``/dev/shm`` but not in the memory the processes can get, and for an
 all-reduce window that does not fit.
 """
-import logging
 import os
 import resource
 import sys
@@ -21,26 +20,17 @@ resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
 import nnabla as nn  # noqa: E402
 import nnabla.functions as F  # noqa: E402
 import nnabla.solvers as S  # noqa: E402
-from nnabla.logger import logger  # noqa: E402
 
 from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator  # noqa: E402
 from nnabla_mpt.distributed import memory_room  # noqa: E402
 from nnabla_mpt.distributed.shared_arrays import SharedArrays  # noqa: E402
-from worker_common import save  # noqa: E402
+from worker_common import collected_warnings, save  # noqa: E402
 
 outdir = sys.argv[1]
 comm = MPICommunicator()
 r, n = comm.rank, comm.size
 meta, errors = {}, {}
-warnings = []
-
-
-class Collect(logging.Handler):
-    def emit(self, record):
-        warnings.append(record.getMessage())
-
-
-logger.addHandler(Collect(level=logging.WARNING))
+warnings = collected_warnings()
 
 
 def error_of(fn):

@@ -3,17 +3,15 @@
 Usage: mpiexec -n N python shared_grads.py OUTDIR
 Writes OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json on every rank.
 """
-import logging
 import sys
 
 import numpy as np
 
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
-from nnabla.logger import logger
 
 from nnabla_mpt import MPICommunicator
-from worker_common import save
+from worker_common import collected_warnings, save
 
 outdir = sys.argv[1]
 comm = MPICommunicator()
@@ -21,15 +19,7 @@ r, n = comm.rank, comm.size
 ctx = get_extension_context("cpu")
 out, meta = {}, {}
 
-warnings = []
-
-
-class Collect(logging.Handler):
-    def emit(self, record):
-        warnings.append(record.getMessage())
-
-
-logger.addHandler(Collect(level=logging.WARNING))
+warnings = collected_warnings()
 
 # Five parameters; the largest spans more than one 2 MiB chunk of the copying scheme, so
 # that copying would cost more than two barriers. Values over a wide range: the

@@ -16,3 +16,17 @@ def ndarray(values, dtype=np.float32):
     a = nn.NdArray(np.shape(values))
     a.cast(dtype)[...] = values
     return a
+
+
+def collected_warnings():
+    """A list that from now on collects the messages nnabla's logger warns with."""
+    import logging
+    from nnabla.logger import logger
+    seen = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger.addHandler(Collect(level=logging.WARNING))
+    return seen
