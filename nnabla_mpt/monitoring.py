@@ -41,7 +41,7 @@ _WRITERS = itertools.count(1)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .scale.gradient_stats import GradientStats
-    from .updater import StepResult
+    from .step.result import StepResult
 
 
 @dataclass(frozen=True)
