@@ -284,9 +284,10 @@ def test_a_long_run_is_drawn_in_bins_that_keep_its_extremes_and_counts():
     float32 = np.where(np.arange(n) >= 4000, 10, 0)
     float32[3999] = 3                       # the switch at step 39997
     w = Windows(first=last - 9, last=last, skipped=skipped, scale=scale, interval=10,
-                scale_first=scale, low=low, high=high, float32=float32, ranged=True)
+                scale_first=scale, low=low, high=high, held=np.zeros(n), float32=float32,
+                ranged=True)
     assert w.switch == 39997
-    b = binned(w, np.zeros(n), 2000)
+    b = binned(w, 2000)
     assert b.windows == 3 and len(b.last) == 1668
     assert b.skipped.sum() == skipped.sum() and b.last[-1] == last[-1] and b.first[0] == 0
     for k in (0, 700, 1333, 1667):          # bins before, at and after the switch
@@ -298,7 +299,7 @@ def test_a_long_run_is_drawn_in_bins_that_keep_its_extremes_and_counts():
             assert b.scale[k] == w.used_scale[part][on][-1]
         else:
             assert np.isnan(b.scale[k])
-    assert binned(w, np.zeros(n), n).windows == 1
+    assert binned(w, n).windows == 1
 
 
 def test_a_series_read_in_small_blocks_is_the_series_read_whole(tmp_path, monkeypatch):

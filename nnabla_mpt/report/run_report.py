@@ -95,10 +95,7 @@ def picture_of(run: MonitorRun, windows: Optional[Windows] = None,
     ``max_bins`` windows, per bin of consecutive windows (the bin's scale range, its last
     scale and its overflow rate)."""
     w = windows_of(run) if windows is None else windows
-    held = run.values("growth-held-by-ceiling")
-    held = np.zeros(len(w.last)) if held is None else np.nan_to_num(held)
-    switch = w.switch
-    bins = binned(w, held, max_bins)
+    bins = binned(w, max_bins)
     after = ~bins.scaled                    # after the switch: no loss scale
     low, high = (np.where(after, np.nan, x) for x in (bins.low, bins.high))
     return RunPicture(
@@ -107,7 +104,7 @@ def picture_of(run: MonitorRun, windows: Optional[Windows] = None,
         window=w.interval, skipped=bins.last[bins.skipped > 0],
         held_by_ceiling=bins.last[bins.held > 0], window_first=bins.first,
         window_last=bins.last, overflow_rate=bins.skipped / (bins.last - bins.first + 1),
-        gradients=_gradients(run), switch=switch,
+        gradients=_gradients(run), switch=w.switch,
         scale_low=low if w.ranged else None, scale_high=high if w.ranged else None,
         binned=bins.windows > 1)
 
@@ -128,7 +125,7 @@ class Bins(NamedTuple):
     windows: int
 
 
-def binned(w: Windows, held: np.ndarray, max_bins: int) -> Bins:
+def binned(w: Windows, max_bins: int) -> Bins:
     """The windows of ``w`` in at most ``max_bins`` bins of as many windows each (the last
     may hold fewer); one window a bin where there are no more than ``max_bins``. The scale
     range of a bin is that of its windows that ran with a loss scale."""
@@ -144,7 +141,7 @@ def binned(w: Windows, held: np.ndarray, max_bins: int) -> Bins:
     high = np.where(scaled, w.high, -np.inf)
     return Bins(first=w.first[starts], last=w.last[ends],
                 skipped=np.add.reduceat(w.skipped, starts),
-                held=np.add.reduceat(held, starts),
+                held=np.add.reduceat(w.held, starts),
                 scale=scale, low=np.minimum.reduceat(low, starts),
                 high=np.maximum.reduceat(high, starts),
                 scaled=np.logical_or.reduceat(scaled, starts), windows=size)

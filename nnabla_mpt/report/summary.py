@@ -34,7 +34,8 @@ class Windows:
     """The windows of a run, as arrays: first and last step, skipped steps, the scale of the
     last step, ``interval`` (the steps of a full window), the scale of the first step, the
     smallest and the largest (the last step's where the files do not record them:
-    ``ranged`` False) and the float32 steps (None where not recorded)."""
+    ``ranged`` False), the growth points held by the ceiling (0 where not recorded) and
+    the float32 steps (None where not recorded)."""
     first: np.ndarray
     last: np.ndarray
     skipped: np.ndarray
@@ -43,6 +44,7 @@ class Windows:
     scale_first: np.ndarray
     low: np.ndarray
     high: np.ndarray
+    held: np.ndarray
     float32: Optional[np.ndarray] = None
     ranged: bool = False
 
@@ -95,8 +97,10 @@ def windows_of(run: MonitorRun) -> Windows:
     low, high, at_first = ((run.values("scale-min"), run.values("scale-max"),
                             run.values("scale-first")) if ranged else (scale, scale, scale))
     float32 = run.values("float32-steps")
+    held = run.values("growth-held-by-ceiling")
     return Windows(first=first.astype(np.int64), last=last, skipped=skipped, scale=scale,
                    interval=int(interval), scale_first=at_first, low=low, high=high,
+                   held=np.zeros(len(last)) if held is None else np.nan_to_num(held),
                    float32=None if float32 is None else float32.astype(np.int64),
                    ranged=ranged)
 
@@ -208,8 +212,6 @@ def summarize(run: MonitorRun, windows: Optional[Windows] = None) -> RunSummary:
     counted = w.steps if switch is None else np.minimum(w.last + 1, switch) - w.first
     scales, at = np.unique(used[scaled], return_inverse=True)
     at_scale = dict(zip(scales.tolist(), np.bincount(at, counted[scaled]).astype(int).tolist()))
-    held = run.values("growth-held-by-ceiling")
-    held = np.zeros(len(w.last)) if held is None else np.nan_to_num(held)
     return RunSummary(
         directory=run.directory, prefix=run.prefix, first_step=int(w.first[0]),
         last_step=int(w.last[-1]), windows=len(w.last), interval=w.interval,
@@ -220,9 +222,9 @@ def summarize(run: MonitorRun, windows: Optional[Windows] = None) -> RunSummary:
         scale_first=float(w.scale_first[0]), scale_last=float(used[scaled][-1]),
         scale_min=float(w.low[scaled].min()), scale_max=float(w.high[scaled].max()),
         scale_steps=sorted(at_scale.items(), key=lambda item: -item[1]),
-        last_change=_last_change(w), held_by_ceiling=int(held.sum()),
-        ceiling_windows=[(int(w.first[j]), int(w.last[j])) for j in np.flatnonzero(held > 0)],
-        ceiling_scale=_ceiling(w, held),
+        last_change=_last_change(w), held_by_ceiling=int(w.held.sum()),
+        ceiling_windows=[(int(w.first[j]), int(w.last[j])) for j in np.flatnonzero(w.held > 0)],
+        ceiling_scale=_ceiling(w),
         gradients=_last_gradients(run), most_subnormal=_most_subnormal(run),
         rewritten=sum(s.rewritten for s in run.series.values()),
         partial=sorted(s.path for s in run.series.values() if s.partial),
@@ -230,13 +232,14 @@ def summarize(run: MonitorRun, windows: Optional[Windows] = None) -> RunSummary:
         precision_recorded=w.float32 is not None, ranged=w.ranged)
 
 
-def _ceiling(w: Windows, held: np.ndarray) -> Optional[float]:
+def _ceiling(w: Windows) -> Optional[float]:
     """The ceiling that held the scale: the smallest largest power of two of a float type
     that the scales from its first growth point on stay within (the scale of a window's last
     step may be the one a growth point started from, cut short at the ceiling)."""
-    if not (held > 0).any():
+    held = w.held > 0
+    if not held.any():
         return None
-    reached = float(np.nanmax(w.scale[int(np.argmax(held > 0)):]))
+    reached = float(np.nanmax(w.scale[int(np.argmax(held)):]))
     return min((f.max_power_of_two for f in FLOATS.values() if f.max_power_of_two >= reached),
                default=reached)
 
