@@ -81,9 +81,10 @@ def served_scalars(logdir: str) -> dict:
                     break
             except OSError:
                 pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"TensorBoard did not serve the scalars: "
-                                   f"{server.stderr.read()[-2000:] if server.poll() else ''}")
+            ended = server.poll() is not None
+            if ended or time.monotonic() > deadline:
+                said = server.stderr.read()[-2000:] if ended else f"none within {TIMEOUT} s"
+                raise RuntimeError(f"TensorBoard did not serve the scalars: {said}")
             time.sleep(1)
         run = next(iter(tags))
         print(f"# run {run!r}: tags {sorted(tags[run])}")
