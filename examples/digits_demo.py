@@ -30,18 +30,25 @@ scale is measured rather than guessed:
   every time and lets the next steps find out; with ``--scale 32768`` that is the
   classic scheme: start high, back off on the first overflows, probe upwards.
 
-No scale above 2**15 is ever used: ``loss.backward(scale)`` seeds the pass in
-fp16, where 2**16 is already ``inf`` (a larger ``--scale`` is lowered to 2**15).
+The network runs in fp16 and, as the docs recommend, only the loss in float32
+(``--loss-dtype float32``, the default): ``F.identity(logits)`` under a float context
+casts the logits, the cross-entropy and its sum run in float32, and
+``loss.backward(scale)`` seeds the pass in float32, so the scale may pass 2**15 while
+every gradient below the logits stays fp16 and bounded by 65504. The ceiling case is
+one flag away: with ``--loss-dtype float16`` the loss is built in the fp16 graph, the
+seed is fp16, where 2**16 is already ``inf``, and no scale above 2**15 is used (a
+larger ``--scale`` is lowered to 2**15; the updater warns when that ceiling, not the
+gradients, holds the scale).
 
 The loss here is the *sum* of the per-example cross-entropies over the batch
 (the learning rate is divided by the batch size, so the updates equal those of
 the mean loss). That makes the gradients ``batch size`` times larger, so it is
 the network's own gradients that decide how large the scale can be, as in
-larger models. (Each per-example loss's gradient is then the scale itself, a
-gradient the scale bounds, which measured growth lets reach the scale's ceiling
-2**15: the default run's scale reaches 32768 at step 640.) With ``--reduction mean``
-the gradients stay far below the fp16 limit and what bounds the scale is fp16
-itself, at 2**15.
+larger models: the default run's scale reaches 131072 (2**17) at step 890. With
+``--loss-dtype float16`` each per-example loss's gradient is the scale itself, which
+measured growth lets reach the seed's ceiling, 32768 at step 640. With ``--reduction
+mean`` and a float16 loss the gradients stay far below the fp16 limit and what bounds
+the scale is that ceiling alone.
 
 Every ``--stats-every`` steps the updater also reports statistics of the fp16
 gradients as the backward pass produced them (scaled): the fraction of values
@@ -162,12 +169,17 @@ def mlp(x, hidden, n_classes, seed):
 
 
 def build_graph(ctx, scope, batch_size, hidden, seed, reduction="sum", n_inputs=64,
-                n_classes=10):
-    """Builds inputs, logits and the cross-entropy loss under ``ctx``.
+                n_classes=10, loss_ctx=None):
+    """Builds inputs and logits under ``ctx``, and the cross-entropy loss under
+    ``loss_ctx`` (``ctx`` when None).
 
     ``reduction`` is how the per-example losses are combined: ``"sum"`` or
-    ``"mean"``. Graphs built in the same ``scope`` share parameters, whatever
-    their context: this is how the fp16 model is evaluated in float below.
+    ``"mean"``. With a float ``loss_ctx`` over a half ``ctx`` only the loss is float32:
+    ``F.identity(logits)`` casts the logits, the cross-entropy and its reduction run in
+    float32, and ``loss.backward(scale)`` seeds the pass in float32, so the seed sets no
+    ceiling of its own (the network and its gradients stay fp16). Graphs built in the
+    same ``scope`` share parameters, whatever their context: this is how the fp16 model
+    is evaluated in float below.
 
     Returns:
         dict with Variables ``x``, ``t``, ``logits``, ``loss``.
@@ -176,7 +188,9 @@ def build_graph(ctx, scope, batch_size, hidden, seed, reduction="sum", n_inputs=
         x = nn.Variable((batch_size, n_inputs))
         t = nn.Variable((batch_size, 1))
         logits = mlp(x, hidden, n_classes, seed)
-        per_example = F.softmax_cross_entropy(logits, t)
+    with nn.context_scope(ctx if loss_ctx is None else loss_ctx):
+        top = logits if loss_ctx is None else F.identity(logits)
+        per_example = F.softmax_cross_entropy(top, t)
         loss = F.sum(per_example) if reduction == "sum" else F.mean(per_example)
     return {"x": x, "t": t, "logits": logits, "loss": loss}
 
@@ -601,8 +615,8 @@ def held_by_ceiling(growth):
     if not n:
         return ""
     return ("; {} of them held by the largest scale an fp16 loss can seed (2**15), not by "
-            "the gradients: a loss built in float32 (F.identity(logits), then the loss, "
-            "under a float context) lifts it".format(n))
+            "the gradients: a loss in float32 (--loss-dtype float32, the default) "
+            "lifts it".format(n))
 
 
 def report(summary):
@@ -611,9 +625,10 @@ def report(summary):
     row = "  {:<34}{:>14}{:>10}"
     lines = [
         "",
-        "digits, MLP 64 -> {} -> 10, {} steps of batch {}, {} loss, seed {}".format(
+        "digits, MLP 64 -> {} -> 10, {} steps of batch {}, {} loss in {}, seed {}".format(
             "-".join(str(h) for h in summary["hidden"]), summary["steps"],
-            summary["batch_size"], summary["reduction"], summary["seed"]),
+            summary["batch_size"], summary["reduction"], summary["loss_dtype"],
+            summary["seed"]),
         "",
         row.format("", "fp16+scaling", "float"),
         row.format("test accuracy (float inference)", "{:.2f}%".format(100 * acc["fp16"]),
@@ -678,8 +693,8 @@ def build_parser():
                    help="directory for digits_fp16.png and summary.json")
     p.add_argument("--scale", type=scale_option, default="auto",
                    help="initial loss scale: 'auto' (measured on the first batch) or a "
-                        "number (above 32768 it is lowered to 32768, the largest fp16 "
-                        "can seed)")
+                        "number (with --loss-dtype float16, above 32768 it is lowered to "
+                        "32768, the largest fp16 can seed)")
     p.add_argument("--growth-mode", choices=["probe", "measured"], default="measured",
                    help="how the scale grows after --interval clean steps: 'measured' by "
                         "as many doublings as the gradients leave room for (possibly "
@@ -695,6 +710,11 @@ def build_parser():
                         "batch size when the loss is a sum)")
     p.add_argument("--reduction", choices=["sum", "mean"], default="sum",
                    help="how the per-example losses are combined (see the module docstring)")
+    p.add_argument("--loss-dtype", choices=["float32", "float16"], default="float32",
+                   help="the dtype of the fp16 run's loss: 'float32' builds only the loss "
+                        "under a float context over the fp16 network (the recommended way: "
+                        "the seed sets no ceiling); 'float16' builds it in the fp16 graph, "
+                        "where the largest scale the seed holds is 2**15 (the ceiling case)")
     p.add_argument("--accelerate-train-mode", default=None, metavar="TYPE|TRIGGER|VALUE",
                    help="precision schedule, e.g. 'fast|step|0.9': fp16 for the first 90%% "
                         "of the steps, float for the rest; or 'fast|loss|1.05' with "
@@ -745,7 +765,8 @@ def run_fp16(args, data, half, single, per_example, monitor_dir):
     ``fp16``; with ``--accelerate-train-mode`` the same network under the float context,
     in the same scope (sharing the parameters), takes over for the last part."""
     x_train, y_train = data
-    graph = build_graph(half, "fp16", args.batch_size, args.hidden, args.seed, args.reduction)
+    graph = build_graph(half, "fp16", args.batch_size, args.hidden, args.seed, args.reduction,
+                        loss_ctx=single if args.loss_dtype == "float32" else None)
     solver = make_solver(half, "fp16", args.lr / per_example)
     schedule = None
     if args.accelerate_train_mode is not None:
@@ -770,6 +791,7 @@ def build_summary(args, fp16, ref, acc, seconds, files):
     return {
         "steps": args.steps, "batch_size": args.batch_size, "seed": args.seed,
         "hidden": list(args.hidden), "lr": args.lr, "reduction": args.reduction,
+        "loss_dtype": args.loss_dtype,
         "interval": args.interval, "growth_mode": args.growth_mode,
         "stats_every": args.stats_every,
         "accuracy": acc,

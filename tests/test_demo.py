@@ -189,7 +189,7 @@ def test_mean_loss_never_tries_a_scale_fp16_cannot_seed(tmp_path):
     # 65536 is lowered to 2**15, and probe growth stops there: nothing overflows.
     summary, stdout = run_demo(tmp_path, "--steps", 30, "--interval", 10,
                                "--scale", 2.0 ** 16, "--reduction", "mean",
-                               "--growth-mode", "probe")
+                               "--growth-mode", "probe", "--loss-dtype", "float16")
     assert summary["loss_scale"] == {"initial": 2.0 ** 15, "min": 2.0 ** 15,
                                      "max": 2.0 ** 15, "final": 2.0 ** 15, "changes": [],
                                      "requested": 2.0 ** 16}
@@ -258,15 +258,36 @@ def test_the_report_says_when_the_fp16_ceiling_not_the_gradients_holds_the_scale
     # A mean loss leaves the gradients room for several powers of two at 2**15, the
     # largest scale an fp16 loss can seed: measured growth is held by that ceiling.
     summary, stdout = run_demo(tmp_path, "--steps", 30, "--interval", 10,
-                               "--reduction", "mean", "--growth-mode", "measured")
+                               "--reduction", "mean", "--growth-mode", "measured",
+                               "--loss-dtype", "float16")
     growth = summary["growth"]
+    assert summary["loss_dtype"] == "float16"
     assert growth["held_by_ceiling"] and set(growth["held_by_ceiling"]) <= set(
         growth["held_at"])
     assert ("{} of them held by the largest scale an fp16 loss can seed (2**15), not by the "
-            "gradients: a loss built in float32".format(len(growth["held_by_ceiling"]))
-            in " ".join(stdout.split()))
+            "gradients: a loss in float32 (--loss-dtype float32, the default) lifts "
+            "it".format(len(growth["held_by_ceiling"])) in " ".join(stdout.split()))
     series = (tmp_path / "monitor" / "loss-scale-growth-held-by-ceiling.series.txt")
     assert series.exists()
+
+
+def test_by_default_the_loss_is_float32_and_the_ceiling_warning_never_fires(tmp_path):
+    # The run above, with the default loss dtype: the loss alone in float32 over the fp16
+    # network seeds in float32, so 65536 is taken as asked, the scale grows past 2**15,
+    # no growth point is held by a ceiling and the updater does not warn.
+    cmd = [sys.executable, str(DEMO), "--out", str(tmp_path), "--no-progress",
+           "--steps", "30", "--interval", "10", "--reduction", "mean",
+           "--scale", str(2.0 ** 16)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))
+    assert summary["loss_dtype"] == "float32"
+    assert summary["loss_scale"]["initial"] == 2.0 ** 16
+    assert summary["loss_scale"]["max"] > 2.0 ** 16
+    assert summary["growth"]["held_by_ceiling"] == []
+    assert "Warning" not in proc.stderr and "held at" not in proc.stderr
+    assert "sum loss in float32" not in proc.stdout
+    assert "mean loss in float32, seed 0" in proc.stdout
 
 
 def test_growth_points_of_a_history():
