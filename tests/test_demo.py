@@ -131,6 +131,17 @@ def test_monitor_series_match_the_trajectory(short_run):
     assert (monitor / "training-loss.series.txt").stat().st_size > 0
 
 
+def test_the_monitoring_page_names_the_series_the_demo_writes(short_run):
+    import re
+    page = (ROOT / "docs" / "monitoring.rst").read_text(encoding="utf-8")
+    section = page[page.index("\nIn the demo\n"):]      # the page's last section
+    named = set(re.findall(r"``([\w-]+\.series\.txt)``", section))
+    written = {path.name for path in (short_run[0] / "monitor").iterdir()}
+    assert written <= named
+    # the ceiling's series comes only with a float16 loss (tested above with one)
+    assert named - written == {"loss-scale-growth-held-by-ceiling.series.txt"}
+
+
 def test_gradient_statistics_in_summary_and_monitor(short_run):
     """Statistics every 50 steps (--stats-every): steps 49 and 99 of 120; the monitor's
     gradient series hold the same numbers (the window flushed at 119 has none)."""

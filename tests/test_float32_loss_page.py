@@ -241,8 +241,8 @@ def test_the_benchmark_printed_the_same_cells(results):
     ("     - ``2**16``, ``2**17``", "     - ``2**16``, ``2**18``"),  # a scale
     ("- 8 of 8 (49, 99,", "- 8 of 8 (49, 98,"),                    # a growth point
     ("4.113% after 400 steps", "4.13% after 400 steps"),          # a prose figure
-    ("load average 0.41 before", "load average 0.14 before"),     # the load
-    ("took 46.7 s and 46.7 s", "took 46.7 s and 45.7 s"),         # a wall time
+    ("load average 0.57 before", "load average 0.75 before"),     # the load
+    ("took 32.1 s and 31.5 s", "took 32.1 s and 31.6 s"),         # a wall time
     ("leave room for 2 more", "leave room for 3 more"),           # the quoted warning
     ("reach 97.22% test", "reach 97.23% test"),                   # the accuracy
     ("step 299 takes it", "step 249 takes it"),                   # a growth point

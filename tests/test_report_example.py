@@ -1,7 +1,7 @@
 """The report on the monitoring page is the one of the committed example run: the
-command's output the page shows, the figures its prose quotes, and the committed PNG
-(whose Description holds the summary it was drawn with) all come from the committed
-series."""
+command's output the page shows and the committed PNG (whose Description holds the
+summary it was drawn with) come from the committed series (the figures its prose quotes:
+tests/figures/page_monitoring.py)."""
 import re
 import struct
 import subprocess
@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from doc_pages import ROOT
-from report_runs import series
 
 EXAMPLE = "docs/_static/report_example"
 FIGURE = ROOT / "docs" / "_static" / "report_example.png"
@@ -49,19 +48,6 @@ def test_the_page_shows_what_the_command_prints_of_the_committed_series(shown, t
     # the committed figure was drawn from these series: its Description is the summary
     assert png_text(FIGURE)["Description"] == output.rsplit("  wrote", 1)[0].rstrip("\n")
     assert png_text(tmp_path / "drawn.png")["Description"] == png_text(FIGURE)["Description"]
-
-
-def test_the_prose_quotes_the_series():
-    text = " ".join(PAGE.split())
-    scale = series(ROOT / EXAMPLE, "scale")
-    held = series(ROOT / EXAMPLE, "growth-held-by-ceiling")
-    first_window = min(scale)
-    assert f"backs off from {scale[first_window]:g} (at the end of the first window)" in text
-    assert f"to {scale[49]:g} (at step 49)" in text and min(scale.values()) == scale[49]
-    top = min(i for i, v in scale.items() if v == 32768)
-    assert f"up to 32768 in the window of steps {top - 9}-{top}" in text
-    assert f"from step {min(i for i, v in held.items() if v)} on the ceiling" in text
-    assert all(scale[i] == 32768 for i in held if held[i])
 
 
 def test_the_example_says_how_it_was_made():

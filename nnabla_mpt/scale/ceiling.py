@@ -40,28 +40,29 @@ class GrowthLimit:
         self._ceiling_binds = max_scale is None or max_scale > dtype.max_power_of_two
         self.said = False
 
-    def held_by(self, before: float, after: float, room: float,
-                free: float) -> Optional[str]:
+    def held_by(self, before: float, after: float, room: float, free: float,
+                margin: float) -> Optional[str]:
         """What held the growth point that moved the scale from ``before`` to ``after``,
         with ``room`` measured (the factor the policy was given; ``inf`` where nothing
         bounds it) of which the gradients' own reach supports ``free``: ``"ceiling"``
         where the scale sits at the loss dtype's largest power of two, below the bound
         asked for, while the gradients leave room for a growth (said once where they leave
-        :data:`ROOM_WORTH_SAYING` powers of two); ``"gradients"`` where the room allowed
+        :data:`ROOM_WORTH_SAYING` powers of two, naming ``margin``, the factor measured
+        growth kept below the dtype's largest value); ``"gradients"`` where the room allowed
         no growth; ``"max_scale"`` where the policy's upper bound stopped it short of the
         room; None where the scale grew as far as the room allows."""
         factor = self._policy.growth_factor
         left = free * before / after
         if self._ceiling_binds and after >= self._dtype.max_power_of_two and left >= factor:
             if left >= 2.0 ** ROOM_WORTH_SAYING:
-                self._say(after, left)
+                self._say(after, left, margin)
             return "ceiling"
         reachable = _reachable(before, room, factor)
         if reachable <= before:
             return "gradients" if after <= before else None
         return "max_scale" if after < reachable else None
 
-    def _say(self, scale: float, left: float) -> None:
+    def _say(self, scale: float, left: float, margin: float) -> None:
         if self.said:
             return
         self.said = True
@@ -70,9 +71,10 @@ class GrowthLimit:
         logger.warning(
             f"nnabla_mpt: the loss scale is held at {scale:g} by the largest power of two "
             f"the loss's dtype ({self._dtype.name}) holds, not by the gradients, which leave "
-            f"{room} beyond the margin measured growth keeps below the dtype's largest value "
-            f"(1.4 to 8 times, from the spread of the watched steps; the headroom of the "
-            f"gradient statistics counts without it): backward(scale) seeds the pass in "
+            f"{room} beyond the margin measured growth keeps below the dtype's largest value, "
+            f"{margin:.3g} times here (set between 1.41 and 8 by the spread of the watched "
+            f"steps; the headroom of the gradient statistics counts without it): "
+            f"backward(scale) seeds the pass in "
             f"the loss's dtype. A loss built in "
             f"float32 lifts the ceiling: build the network in half and only the loss under "
             f"a float context (F.identity(logits), then the loss); the gradients stay "

@@ -203,7 +203,8 @@ class ScaleMeter:
             room, free = self.settled(measured, skipped)
             policy.update(skipped, room)
             if due and room is not None:
-                held = self.limit.held_by(before, policy.loss_scale, room, free)
+                held = self.limit.held_by(before, policy.loss_scale, room, free,
+                                          self.history.margin())
         if fed and bad_batch:
             self.calibration_pending = True
         return held

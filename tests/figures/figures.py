@@ -207,6 +207,16 @@ def date_of_all(*sources: str) -> Figure:
     return Figure(day, "{}", sources)
 
 
+def machine_of(source: str) -> Figure:
+    """The machine of a results file as the prose names it: ``2-core Intel Xeon`` for the
+    header's ``2 CPUs (Intel(R) Xeon(R) Processor), ...``."""
+    def named(text):
+        cores, model = re.match(r"(\d+) CPUs \((.*?)\), ", text).groups()
+        model = re.sub(r"\((R|TM)\)|\bProcessor\b|\bCPU\b", "", model)
+        return f"{cores}-core {' '.join(model.split())}"
+    return header(source, "machine", convert=named)
+
+
 def load_of(source: str) -> Figure:
     """The 1-minute load average before a results file's run (a text or a list)."""
     def first(loads):

@@ -4,8 +4,13 @@ from figures import MARGIN, Quote, grep
 PAGE = "examples/digits_demo.py"
 
 QUOTES = [
-    Quote("the default run's scale reaches 32768 at step {step}",
-          step=grep("demo.txt", r"\b(\d+):32768\b")),
+    Quote("the default run's scale reaches {top} ({power}) at step {step}",
+          top=grep("demo.txt", r"max (\d+), final"),
+          power=grep("demo.txt", r"max (\d+), final",
+                     convert=lambda v: f"2**{int(v).bit_length() - 1}"),
+          step=grep("demo.txt", r"\b(\d+):131072\b")),
+    Quote("measured growth lets reach the seed's ceiling, 32768 at step {step}",
+          step=grep("demo_float16_loss.txt", r"\b(\d+):32768\b")),
 ]
 
 NOT_MEASURED = {

@@ -8,6 +8,7 @@ from figures import MARGIN, Quote, date_of, grep, load_of, read
 PAGE = "docs/measured.rst"
 CHECKED_ELSEWHERE = {"Lifting the float16 seed ceiling": "tests/test_float32_loss_page.py"}
 DEMO, REPORT, PROBE = "demo.txt", "demo_report.txt", "demo_probe.txt"
+FLOAT16_LOSS = "demo_float16_loss.txt"
 
 
 def changes(body):
@@ -31,13 +32,15 @@ def power(value) -> str:
 QUOTES = [
     Quote("The calibration starts at ``{initial}``",
           initial=grep(DEMO, r"loss scale: initial (\d+)", convert=power)),
-    Quote("Measured growth holds at {held} of its {points} growth points (circles and "
-          "squares)",
-          held=grep(DEMO, r"(\d+)\s+held;"), points=grep(DEMO, r"(\d+) growth points")),
-    Quote("up to the ceiling ``2**15`` at step {top}; the ceiling, not the gradients, "
-          "held it at {ceiling} growth points",
-          top=grep(DEMO, r"\b(\d+):32768\b"),
-          ceiling=grep(DEMO, r"held;\s+(\d+) of them held by the largest scale")),
+    Quote("Measured growth holds at {held} of its {points} growth points (the circles)",
+          held=grep(DEMO, r"(\d+)\s+held\b"), points=grep(DEMO, r"(\d+) growth points")),
+    Quote("up to ``{top}`` at step {step}: the float32 loss seeds",
+          top=grep(DEMO, r"max (\d+), final", convert=power),
+          step=read(DEMO, lambda body: changes(body)[-1][0])),
+    Quote("the same run reaches the ceiling ``2**15`` at step {top} and stays there; the "
+          "ceiling, not the gradients, held it at {ceiling} growth points",
+          top=grep(FLOAT16_LOSS, r"\b(\d+):32768\b"),
+          ceiling=grep(FLOAT16_LOSS, r"held;\s+(\d+) of them held by the largest scale")),
     Quote("It skipped {skipped} of the 1000 steps (step {step}, at ``{scale}``, {after} "
           "steps after the growth at step {grew},",
           skipped=grep(DEMO, r"skipped steps: (\d+) of 1000"),

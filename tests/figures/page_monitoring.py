@@ -5,7 +5,7 @@ from figures import Figure, Quote, read, shown
 PAGE = "docs/monitoring.rst"
 
 
-SCALE, HELD = "scale", "growth-held-by-ceiling"
+SCALE, LARGEST = "scale", "scale-max"
 
 
 def series(name: str, function) -> Figure:
@@ -18,27 +18,39 @@ def first_step(name: str, test) -> Figure:
     return series(name, lambda pairs: next(step for step, value in pairs if test(value)))
 
 
-def window_start(name: str, test) -> Figure:
-    """The first step of the window whose last step is :func:`first_step`: one after the
-    step the series wrote before it."""
-    return series(name, lambda pairs: next(pairs[k - 1][0] + 1 for k in range(1, len(pairs))
-                                           if test(pairs[k][1])))
+def peak(pairs):
+    """The last step of the window in which the largest scale was first reached."""
+    top = max(value for _, value in pairs)
+    return next(step for step, value in pairs if value == top)
 
 
-def top(value):
-    return value == 32768
+def staying(pairs):
+    """The last scale, where every window from the peak's on ended."""
+    after = [value for step, value in pairs if step >= peak_of_largest()]
+    assert len(set(after)) == 1, after
+    return after[0]
+
+
+def peak_of_largest():
+    return int(series(LARGEST, peak).text())
 
 
 QUOTES = [
     Quote("``-inf`` at step {step} (that step's gradients overflowed)",
           step=shown(PAGE, r"gradient-headroom \['(\d+)', '-inf'")),
     Quote("the scale backs off from 8192 (at the end of the first window) to 1024 (at step "
-          "{low}); measured growth then takes it up to 32768 in the window of steps "
-          "{top_first}-{top}, and from step {held} on the ceiling of a float16 loss holds it",
-          low=first_step(SCALE, lambda v: v == 1024), top_first=window_start(SCALE, top),
-          top=first_step(SCALE, top), held=first_step(HELD, lambda v: v > 0)),
-    Quote("from 8192 down to 1024 by the step-{low} window, then up to 32768 from step {top} "
-          "on", low=first_step(SCALE, lambda v: v == 1024), top=first_step(SCALE, top)),
+          "{low}); measured growth then takes it up, past the 32768 a float16 loss could "
+          "seed (the demo's loss is float32), to {top}, and an overflow in the window of "
+          "steps {start}-{peak} brings it back to {last}, where it stays",
+          low=first_step(SCALE, lambda v: v == 1024),
+          top=series(LARGEST, lambda pairs: f"{max(v for _, v in pairs):g}"),
+          start=series(LARGEST, lambda pairs: peak(pairs) - 9),
+          peak=series(LARGEST, peak),
+          last=series(SCALE, lambda pairs: f"{staying(pairs):g}")),
+    Quote("from 8192 down to 1024 by the step-{low} window, then up to {last} by step {peak}",
+          low=first_step(SCALE, lambda v: v == 1024),
+          last=series(SCALE, lambda pairs: f"{staying(pairs):g}"),
+          peak=series(LARGEST, peak)),
 ]
 
 NOT_MEASURED = {

@@ -1,5 +1,5 @@
 """The README's figures: the demo's time, and the quick start's shown output."""
-from figures import MARGIN, VERSION, Quote, date_of, grep, load_of, shown
+from figures import MARGIN, VERSION, Quote, date_of, grep, load_of, machine_of, shown
 
 PAGE = "README.md"
 DEMO = "demo.txt"
@@ -8,12 +8,13 @@ COLLAPSE = "nnabla_updater_collapse.txt"
 QUOTES = [
     Quote("In the demo's 1000 steps fp16 training took {fp16} s and float training {flt} s: "
           "{ratio} times slower, by the demo's unrounded times (`./run.sh demo` on {date}, "
-          "on a 2-core AMD EPYC with a load average of {load} before the run: "
+          "on a {machine} with a load average of {load} before the run: "
           "`benchmarks/results/demo.txt`)",
           fp16=grep(DEMO, r"training time\s+([\d.]+) s"),
           flt=grep(DEMO, r"training time\s+[\d.]+ s\s+([\d.]+) s"),
           ratio=grep(DEMO, r"here (\d+) times slower than float"),
           date=date_of(DEMO),
+          machine=machine_of(DEMO),
           load=load_of(DEMO)),
     Quote("whose loss overflows float16 at any scale (run on {date}:", date=date_of(COLLAPSE)),
     Quote("at call {call}, at scale {scale}, applies one: the largest weight goes from {start} "

@@ -19,10 +19,16 @@ FLOAT = get_extension_context("cpu", type_config="float")
 
 
 def teacher_run(loss_in: str, steps: int = 40):
+    """:func:`teacher_updater`'s updater and the results of its first ``steps`` steps."""
+    updater = teacher_updater(loss_in)
+    return updater, [updater.update() for _ in range(steps)]
+
+
+def teacher_updater(loss_in: str):
     """A 32-64-64-64-10 ReLU network in float16 on random inputs labelled by a fixed
     ReLU teacher, batch 64, mean cross-entropy built under ``loss_in``'s context (in
     float32 over ``F.identity(logits)``), Momentum 0.1, ``scale="auto"``, measured growth
-    every 10 good steps. Returns the updater and the step results."""
+    every 10 good steps: the updater."""
     rng = np.random.RandomState(0)
     inputs = rng.randn(1024, 32).astype(np.float32)
     labels = np.argmax(np.maximum(inputs @ rng.randn(32, 10), 0), 1).reshape(-1, 1)
@@ -43,9 +49,8 @@ def teacher_run(loss_in: str, steps: int = 40):
         idx = order.randint(0, len(inputs), 64)
         x.d, t.d = inputs[idx], labels[idx]
 
-    updater = DynamicLossScalingUpdater(solver, loss, feed, scale="auto",
-                                        growth_mode="measured", N=10)
-    return updater, [updater.update() for _ in range(steps)]
+    return DynamicLossScalingUpdater(solver, loss, feed, scale="auto",
+                                     growth_mode="measured", N=10)
 
 
 def test_the_gradients_of_a_float16_network_are_float16_under_a_float32_loss():
@@ -100,6 +105,24 @@ def test_what_held_the_scale_is_said_once_when_the_ceiling_holds_it(loss_in, cap
         assert set(held.values()) <= {"gradients"}
 
 
+def test_the_ceiling_warning_names_the_margin_measured_growth_kept(caplog):
+    # The warning comes at step 9, the first growth point; the margin it names is the one
+    # of the history the step left, read back from the updater's state.
+    from nnabla_mpt.scale.scale_history import ScaleHistory
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    updater = teacher_updater("half")
+    results = [updater.update() for _ in range(10)]
+    assert results[-1].held_by == "ceiling"
+    said = [r.getMessage() for r in caplog.records if "held at" in r.getMessage()]
+    history = ScaleHistory()
+    history.load(updater.state_dict()["scale_history"])
+    assert len(history) >= 4
+    assert len(said) == 1
+    assert (f"beyond the margin measured growth keeps below the dtype's largest value, "
+            f"{history.margin():.3g} times here (set between 1.41 and 8 by the spread"
+            in said[0])
+
+
 def test_a_growth_point_with_unbounded_room_is_held_by_the_ceiling_without_failing(caplog):
     # every gradient is zero (x = 0, the targets equal to the bias): nothing bounds the
     # room, the scale grows to the float16 ceiling at once and stays there
@@ -132,7 +155,7 @@ def test_a_max_scale_asked_for_at_the_ceiling_holds_the_scale_not_the_ceiling(ca
                               growth_mode="measured")
     asked = ceiling.GrowthLimit(policy, float_type("float16"), max_scale=2.0 ** 15)
     free = ceiling.GrowthLimit(policy, float_type("float16"), max_scale=2.0 ** 24)
-    assert asked.held_by(2.0 ** 15, 2.0 ** 15, 64.0, 64.0) == "max_scale"
-    assert free.held_by(2.0 ** 15, 2.0 ** 15, 64.0, 64.0) == "ceiling"
+    assert asked.held_by(2.0 ** 15, 2.0 ** 15, 64.0, 64.0, 8.0) == "max_scale"
+    assert free.held_by(2.0 ** 15, 2.0 ** 15, 64.0, 64.0, 8.0) == "ceiling"
     # just below a power of two the growth counted is the policy's (2**3 > 7.999...)
-    assert free.held_by(1024.0, 4096.0, 7.999999999999999, 1.0) is None
+    assert free.held_by(1024.0, 4096.0, 7.999999999999999, 1.0, 8.0) is None
