@@ -1,103 +1,93 @@
-"""The updaters' settings: one table says, for each, whether a script may change it.
+"""The updaters' settings, one property each, and the lock that keeps one step at a time.
 
 nnabla's updater reads its attributes at every ``update()``, so scripts written for it
 assign them between steps (a weight-decay schedule, a new accumulation). Every public
-setting of the updaters is a row of :data:`BOTH` or :data:`DYNAMIC` and becomes a property
-(:func:`install`): reading gives the value in use, from the one place the step reads it;
-assigning either takes effect from the next ``update()``, checked as the constructor checks
-it (a *live* setting), or is refused with an ``AttributeError`` that says what to do
-instead. While ``update()`` runs (a data feeder or a monitor assigning) every assignment
-is refused: the running step would mix the old and the new value. Nothing is ignored.
+setting of the updaters is a property here, listed by name in the step loop's class
+(:mod:`nnabla_mpt.step_loop`); reading gives the value in use, from the one place the
+step reads it. Assigning either takes effect from the next ``update()``, checked as the
+constructor checks it (a *live* setting), or is refused with an ``AttributeError`` that
+says what to do instead (:func:`fixed`). While ``update()`` runs (a data feeder, a
+monitor or another thread assigning) every assignment is refused (:class:`StepLock`):
+the running step would mix the old and the new value. Nothing is ignored.
 """
+import difflib
 import threading
+from collections import deque
+from dataclasses import replace
 from contextlib import contextmanager
-from dataclasses import dataclass
-from functools import partial
-from operator import attrgetter
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Deque, Iterator, Optional
 
-from . import options
 from .core import _validate as check
 from .scale.bounded_policy import fixed_policy
-from .step.feeder import install_feeder
-from .step.overflow_handling import FLOOR_POLICIES, check_retries
+from .step.feeder import checked_feeder, install_feeder
+from .step.overflow_handling import FLOOR_POLICIES, OverflowHandling, check_retries
 
 
-def _set_path(path: str, updater: Any, value: Any) -> None:
-    owner, _, name = path.rpartition(".")
-    setattr(attrgetter(owner)(updater) if owner else updater, name, value)
+# -- the checks a setting shares with the constructor ---------------------------------------
+
+def checked_weight_decay(value: Any) -> Optional[float]:
+    """``weight_decay``: None or a real number >= 0."""
+    return None if value is None else check.real("weight_decay", value, ge=0.0)
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One public setting of the updaters.
-
-    Attributes:
-        name: The attribute's name.
-        doc: What it is (its property's docstring).
-        read: Where the step reads it, as an attribute path from the updater
-            (``"_unscaler.weight_decay"``), or ``read(updater)``.
-        live: Whether an assignment takes effect from the next ``update()``.
-        check: ``check(updater, value)`` returns the value to use or raises naming the
-            setting; by default the constructor option's check.
-        take: ``take(updater, value)`` hands a checked value to the step; by default it is
-            set at ``read``.
-        instead: For a setting that is not live: what to do instead of assigning.
-    """
-    name: str
-    doc: str
-    read: Any
-    live: bool = False
-    check: Optional[Callable[[Any, Any], Any]] = None
-    take: Optional[Callable[[Any, Any], None]] = None
-    instead: str = ""
-
-    def as_property(self) -> property:
-        """The setting as a property of an updater class."""
-        read = attrgetter(self.read) if isinstance(self.read, str) else self.read
-        return property(read, self._assign, doc=self.doc)
-
-    def _assign(self, updater: Any, value: Any) -> None:
-        owner, name = type(updater).__name__, self.name
-        if not self.live:
-            raise AttributeError(f"{owner}.{name} cannot be changed after construction "
-                                 f"({name} = {value!r} refused): {self.instead}")
-        with updater._between_steps(f"{name} = {value!r}"):
-            value = (options.option_named(name).check(name, value) if self.check is None
-                     else self.check(updater, value))
-            (self.take or partial(_set_path, self.read))(updater, value)
+def checked_clip_grad_norm(value: Any) -> Optional[float]:
+    """``clip_grad_norm``: None or a real number > 0."""
+    return None if value is None else check.real("clip_grad_norm", value, gt=0.0)
 
 
-class OneAtATime:
-    """One step, setting change or state load at a time, in one thread (a mixin of the
-    step loop's class): :meth:`_enter` takes the updater's lock, or refuses."""
+def checked_accum_grad(value: Any) -> int:
+    """``accum_grad``: an integer >= 1."""
+    return check.integer("accum_grad", value, ge=1)
+
+
+
+class StepLock:
+    """One step, setting change, state load or save of an updater at a time:
+    :meth:`held` takes it. A save (``state_dict()``, ``save_checkpoint()``) never makes
+    another thread fail: one that finds a step running in another thread waits for it,
+    and whoever finds a save running waits for the save. Anything else that finds the
+    lock taken is refused with a ``RuntimeError``, and so is a save from inside a step
+    (its feeder or monitor), which would wait for itself."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._running: Optional[int] = None      # the thread holding the lock, if any
+        self._saving = False                     # whether it holds it for a save
+        self._waiting: Deque[int] = deque()      # the threads waiting, first come first
 
-    def _enter(self, what: str) -> None:
-        """Takes the updater for ``what`` (``"update()"``, ``"weight_decay = 0.5"``, named
-        in the ``RuntimeError`` that refuses it while it is taken); :meth:`_leave` gives it
-        back."""
-        if not self._lock.acquire(blocking=False):
-            raise _refused(f"{type(self).__name__}.{what}",
-                           self._running == threading.get_ident())
-        self._running = threading.get_ident()
+    def enter(self, owner: str, what: str, save: bool = False) -> None:
+        """Takes the lock for ``what`` of the updater class ``owner`` (``"update()"``,
+        ``"weight_decay = 0.5"``, named in the ``RuntimeError`` that refuses it), a
+        save where ``save``; :meth:`leave` gives it back. Waiting threads take it in the
+        order they came: a thread saving in a loop cannot keep the steps out."""
+        me = threading.get_ident()
+        with self._changed:
+            self._waiting.append(me)
+            try:
+                while self._running is not None or self._waiting[0] != me:
+                    if self._running is not None and (
+                            self._running == me or not (save or self._saving)):
+                        raise _refused(f"{owner}.{what}", self._running == me)
+                    self._changed.wait()
+            finally:
+                self._waiting.remove(me)
+                self._changed.notify_all()
+            self._running, self._saving = me, save
 
-    def _leave(self) -> None:
-        """Gives back what :meth:`_enter` took."""
-        self._running = None
-        self._lock.release()
+    def leave(self) -> None:
+        """Gives back what :meth:`enter` took."""
+        with self._changed:
+            self._running, self._saving = None, False
+            self._changed.notify_all()
 
     @contextmanager
-    def _between_steps(self, what: str) -> Iterator[None]:
-        """Runs the body with the updater to itself (:meth:`_enter`)."""
-        self._enter(what)
+    def held(self, owner: str, what: str, save: bool = False) -> Iterator[None]:
+        """Runs the body with the lock taken (:meth:`enter`)."""
+        self.enter(owner, what, save)
         try:
             yield
         finally:
-            self._leave()
+            self.leave()
 
 
 def _refused(what: str, this_thread: bool) -> RuntimeError:
@@ -120,167 +110,230 @@ def _refused(what: str, this_thread: bool) -> RuntimeError:
                         f"from the thread that calls update()")
 
 
-def install(cls: type, table: Sequence[Setting]) -> type:
-    """Gives ``cls`` a property for every setting of ``table``."""
-    for setting in table:
-        setattr(cls, setting.name, setting.as_property())
-    return cls
+def between_steps(updater: Any, name: str, value: Any):
+    """The context of assigning ``value`` to the setting ``name`` of ``updater``."""
+    return updater._lock.held(type(updater).__name__, f"{name} = {value!r}")
 
 
 _REBUILD = "build a new updater with it (save_checkpoint, then load_checkpoint into the new one)"
 
 
-def _built_around(name: str, doc: str, read: str, why: str, joint: str = "; ") -> Setting:
-    """A setting the step was built around: refused, saying why and to rebuild."""
-    return Setting(name, doc, read, instead=f"{why}{joint}{_REBUILD}")
+def fixed(name: str, doc: str, read: Callable[[Any], Any], why: str) -> property:
+    """A setting the step was built around: ``read(updater)`` gives it; an assignment is
+    refused, saying ``why`` and how to change it all the same."""
+    def refuse(updater: Any, value: Any) -> None:
+        raise AttributeError(f"{type(updater).__name__}.{name} cannot be changed after "
+                             f"construction ({name} = {value!r} refused): {why}")
+    return property(read, refuse, doc=doc)
 
 
-def _given(name: str, read: str, spelling: Optional[str] = None) -> Setting:
+def given(name: str, read: Callable[[Any], Any]) -> property:
     """An option read as given to the constructor: refused, saying where to pass it."""
-    where = spelling or f"{name}="
-    return Setting(name, f"``{name}`` as given to the constructor (read-only).", read,
-                   instead=f"pass {where} to the constructor; {_REBUILD}")
+    return fixed(name, f"``{name}`` as given to the constructor (read-only).", read,
+                 f"pass {name}= to the constructor; {_REBUILD}")
 
 
-def _accum_grad(updater: Any, value: int) -> None:
-    updater._accum_grad = value
-    for recorder, _ in updater._passes.values():
-        recorder.set_accum_grad(value)
-    updater._unscaler.set_accumulation(value, updater._average_accum)
+# -- the live settings -------------------------------------------------------------------
+
+def _set_scale(updater: Any, value: Any) -> None:
+    with between_steps(updater, "scale", value):
+        if updater._switched():
+            schedule = updater._schedule
+            raise RuntimeError(f"updater.scale = {value!r} is refused: the precision schedule "
+                               f"{schedule.mode.text!r} switched to full precision at step "
+                               f"{schedule.switch_step}; those steps run unscaled (scale 1), "
+                               f"so there is no loss scale to set")
+        if updater._policy.kind == "fixed":      # bounded as the constructor bounds it
+            fixed_policy(value, value, updater._dtype)
+        updater._policy.set_loss_scale(value)
+        # it replaces a measurement of scale="auto" still due, which would override it
+        updater._meter.calibration_pending = False
 
 
-def _average_accum(updater: Any, value: bool) -> None:
-    updater._average_accum = value
-    updater._unscaler.set_accumulation(updater._accum_grad, value)
+scale = property(lambda updater: updater._next_scale, _set_scale, doc=(
+    "The loss scale of the next step (1 once a precision schedule switched to full "
+    "precision; assignable until then, checked by the policy)."))
 
 
-def _max_retries(updater: Any, value: Any) -> int:
-    value = check.integer("max_retries", value, ge=0)
-    check_retries(value, updater.enable_overflow_check)
-    return value
+def _set_data_feeder(updater: Any, value: Any) -> None:
+    with between_steps(updater, "data_feeder", value):
+        install_feeder(updater, checked_feeder("data_feeder", value))
 
 
-def _scale(updater: Any, value: Any) -> Any:
-    if updater._switched():
-        schedule = updater._schedule
-        raise RuntimeError(f"updater.scale = {value!r} is refused: the precision schedule "
-                           f"{schedule.mode.text!r} switched to full precision at step "
-                           f"{schedule.switch_step}; those steps run unscaled (scale 1), so "
-                           f"there is no loss scale to set")
-    if updater._policy.kind == "fixed":      # bounded as the constructor bounds it
-        fixed_policy(value, value, updater._dtype)
-    return value
+data_feeder = property(lambda updater: updater._data_feeder, _set_data_feeder, doc=(
+    "The feeder given as ``data_feeder=`` (assignable, checked again)."))
 
 
-def _take_scale(updater: Any, value: float) -> None:
-    """The scale set (checked by the policy); it replaces a measurement of
-    ``scale="auto"`` still due, which would otherwise override it at the next step."""
-    updater._policy.set_loss_scale(value)
-    updater._meter.calibration_pending = False
+def _set_accum_grad(updater: Any, value: Any) -> None:
+    with between_steps(updater, "accum_grad", value):
+        value = checked_accum_grad(value)
+        updater._accum_grad = value
+        for recorder, _ in updater._passes.values():
+            recorder.set_accum_grad(value)
+        updater._unscaler.set_accumulation(value, updater._average_accum)
 
 
-def _scaling_factor(updater: Any, value: float) -> None:
-    policy = updater._policy
-    if policy.backoff_factor == 1.0 / policy.growth_factor:   # the default: it follows
-        policy.backoff_factor = 1.0 / value
-    policy.growth_factor = value
+accum_grad = property(lambda updater: updater._accum_grad, _set_accum_grad, doc=(
+    "Forward/backward passes whose gradients are summed per update (assignable: from the "
+    "next update())."))
 
 
-def _moved(old: str, read: Any) -> Setting:
-    """An option whose keyword moved into an object: read-only, saying its new spelling."""
-    return _given(old, read, options.new_spelling(old))
+def _set_average_accum(updater: Any, value: Any) -> None:
+    with between_steps(updater, "average_accum", value):
+        updater._average_accum = check.boolean("average_accum", value)
+        updater._unscaler.set_accumulation(updater._accum_grad, updater._average_accum)
 
 
-#: The settings of both updaters.
-BOTH = (
-    Setting("scale", "The loss scale of the next step (1 once a precision schedule switched "
-            "to full precision; assignable until then, checked by the policy).",
-            "_next_scale", live=True, check=_scale, take=_take_scale),
-    Setting("data_feeder", "The feeder given as ``data_feeder=`` (assignable, checked "
-            "again).", "_data_feeder", live=True, take=install_feeder),
-    Setting("accum_grad", "Forward/backward passes whose gradients are summed per update "
-            "(assignable: from the next update()).", "_accum_grad", live=True,
-            take=_accum_grad),
-    Setting("average_accum", "Whether the accumulated gradients are divided by "
-            "``accum_grad`` (assignable).", "_average_accum", live=True,
-            check=lambda updater, value: check.boolean("average_accum", value),
-            take=_average_accum),
-    Setting("weight_decay", "Weight decay of the unscaled gradients, or None (assignable: a "
-            "weight-decay schedule takes effect from the next update()).",
-            "_unscaler.weight_decay", live=True),
-    Setting("clip_grad_norm", "The bound of the unscaled gradients' global L2 norm, or None "
-            "(assignable).", "_unscaler.clip", live=True),
-    Setting("clear_buffer", "Whether forward and backward free intermediate buffers "
-            "(assignable).", "_clear_buffer", live=True),
-    Setting("max_retries", "Retries of a skipped step within one update() (assignable).",
-            "_max_retries", live=True, check=_max_retries),
-    Setting("floor_policy", "``\"raise\"``, ``\"warn\"`` or ``\"ignore\"``: what a collapse "
-            "does (assignable).", "_collapse.floor_policy", live=True,
-            check=lambda updater, value: check.choice("floor_policy", value, FLOOR_POLICIES)),
-    Setting("diagnose_after", "Consecutive overflowing steps that trigger the diagnosis "
-            "(assignable).", "_collapse.diagnose_after", live=True,
-            check=lambda updater, value: check.integer("diagnose_after", value, ge=1)),
-    _built_around("comm", "The communicator, or None.", "_options.comm", "the all-reduce, "
-                  "its buffers and the ranks' agreement are set up for it at construction"),
-    _built_around("grads", "The gradients reduced across the ranks.", "_grads",
-                  "the step's all-reduce was set up for them at construction"),
-    _built_around("solver", "The solver.", "_solver", "the step checks, unscales and updates "
-                  "through the solver it was given and its parameters"),
-    _built_around("loss", "The loss Variable.", "_loss", "the step's passes, seeds and checks "
-                  "were built on its graph"),
-    _built_around("shared_grads", "The :class:`~nnabla_mpt.SharedGradients` in use, or None.",
-                  "_shared_grads", "the gradients were placed (or not) in the communicator's "
-                  "shared memory at construction"),
-    _built_around("monitor", "The step hook given as ``monitor=``, called with every step's "
-                  "result, or None.", "_monitor", "a hook whose work changes over the run can "
-                  "decide inside itself what to do with each result; or", " "),
-    _built_around("enable_overflow_check", "Whether steps are checked for overflow.",
-                  "_options.enable_overflow_check", "the step's check, its retries and its "
-                  "all-reduce flags were set up with it"),
-    _built_around("detector", "The :class:`~nnabla_mpt.OverflowDetector` the step checks "
-                  "with (``detector.nonfinite_params(...)`` names overflowing gradients).",
-                  "_detector", "the step's overflow check was built on it (its mode is "
-                  "OverflowHandling.mode)"),
-    _built_around("average_ranks", "Whether the all-reduce divides by the ranks.",
-                  "_options.reduction.average_ranks", "it is part of the all-reduce set up at "
-                  "construction (and of the measured scale's bounds)"),
-    _built_around("high_precision_loss", "The full-precision loss of the precision schedule, "
-                  "or None.", "_high_precision_loss", "the schedule's passes were built on "
-                  "its graph"),
-    _built_around("policy", "The loss-scale policy the step runs (its scale, counters and "
-                  "settings).", "_policy", "the step's scale and the measured growth read "
-                  "it; change its scale with updater.scale = ..., or", " "),
-    _built_around("schedule", "The precision schedule in use "
-                  "(:class:`~nnabla_mpt.PrecisionSchedule`), or None.", "_schedule",
-                  "the step's graphs were chosen with it"),
-    _built_around("overflow", "The :class:`~nnabla_mpt.OverflowHandling` in use, its fields "
-                  "as they are now.", "_overflow_handling", "its assignable fields are "
-                  "settings of their own (updater.max_retries, floor_policy, diagnose_after); "
-                  "for the others", " "),
-    _built_around("reduction", "The :class:`~nnabla_mpt.GradientReduction` in use, its fields "
-                  "as they are now.", "_gradient_reduction", "average_accum is a setting of "
-                  "its own (updater.average_accum = ...); for the others", " "),
-    _given("outputs", "_options.outputs"),
-    _given("lr_scheduler", "_options.lr_scheduler"),
-    _given("gradient_stats_every", "_options.gradient_stats_every"),
-    _moved("overflow_mode", "_detector.mode"),
-    _moved("all_reduce_callback", "_options.reduction.all_reduce_callback"),
-    _moved("abort_on_exception", "_options.reduction.abort_on_exception"),
-    _moved("accelerate_train_mode",
-           lambda updater: updater._schedule and updater._schedule.mode.text),
-    _moved("total_steps", lambda updater: updater._schedule and updater._schedule.total_steps),
-    _moved("final_loss", lambda updater: updater._schedule and updater._schedule.final_loss),
-)
+average_accum = property(lambda updater: updater._average_accum, _set_average_accum, doc=(
+    "Whether the accumulated gradients are divided by ``accum_grad`` (assignable)."))
 
-#: The settings of the dynamic updater besides :data:`BOTH`: nnabla's ``scaling_factor``
-#: and ``N``, and its policy's settings, kept by its policy.
-DYNAMIC = (
-    Setting("scaling_factor", "Growth factor of the scale (assignable; also the back-off "
-            "where it is ``1 / scaling_factor``, the default).", "_policy.growth_factor",
-            live=True, take=_scaling_factor),
-    Setting("N", "Consecutive good steps before the scale grows (assignable; a count "
-            "already at the new N grows at the next good step).", "_policy.growth_interval",
-            live=True, take=lambda updater, value: updater._policy.set_growth_interval(value)),
-    _given("growth_mode", "_policy.growth_mode"),
-) + tuple(_moved(name, f"_policy.{name}")
-          for name in ("min_scale", "max_scale", "backoff_factor", "hysteresis"))
+
+def _set_weight_decay(updater: Any, value: Any) -> None:
+    with between_steps(updater, "weight_decay", value):
+        updater._unscaler.weight_decay = checked_weight_decay(value)
+
+
+weight_decay = property(lambda updater: updater._unscaler.weight_decay, _set_weight_decay,
+                        doc="Weight decay of the unscaled gradients, or None (assignable: a "
+                            "weight-decay schedule takes effect from the next update()).")
+
+
+def _set_clip_grad_norm(updater: Any, value: Any) -> None:
+    with between_steps(updater, "clip_grad_norm", value):
+        updater._unscaler.clip = checked_clip_grad_norm(value)
+
+
+clip_grad_norm = property(lambda updater: updater._unscaler.clip, _set_clip_grad_norm, doc=(
+    "The bound of the unscaled gradients' global L2 norm, or None (assignable)."))
+
+
+def _set_clear_buffer(updater: Any, value: Any) -> None:
+    with between_steps(updater, "clear_buffer", value):
+        updater._clear_buffer = check.boolean("clear_buffer", value)
+
+
+clear_buffer = property(lambda updater: updater._clear_buffer, _set_clear_buffer, doc=(
+    "Whether forward and backward free intermediate buffers (assignable)."))
+
+
+def _set_max_retries(updater: Any, value: Any) -> None:
+    with between_steps(updater, "max_retries", value):
+        value = check.integer("max_retries", value, ge=0)
+        check_retries(value, updater.enable_overflow_check)
+        updater._max_retries = value
+
+
+max_retries = property(lambda updater: updater._max_retries, _set_max_retries, doc=(
+    "Retries of a skipped step within one update() (assignable)."))
+
+
+def _set_floor_policy(updater: Any, value: Any) -> None:
+    with between_steps(updater, "floor_policy", value):
+        updater._collapse.floor_policy = check.choice("floor_policy", value, FLOOR_POLICIES)
+
+
+floor_policy = property(lambda updater: updater._collapse.floor_policy, _set_floor_policy,
+                        doc="``\"raise\"``, ``\"warn\"`` or ``\"ignore\"``: what a collapse "
+                            "does (assignable).")
+
+
+def _set_diagnose_after(updater: Any, value: Any) -> None:
+    with between_steps(updater, "diagnose_after", value):
+        updater._collapse.diagnose_after = check.integer("diagnose_after", value, ge=1)
+
+
+diagnose_after = property(lambda updater: updater._collapse.diagnose_after,
+                          _set_diagnose_after, doc="Consecutive overflowing steps that "
+                                                   "trigger the diagnosis (assignable).")
+
+
+# -- what the step was built around --------------------------------------------------------
+
+def built_around(name: str, doc: str, read: Callable[[Any], Any], why: str,
+                 joint: str = "; ") -> property:
+    """A setting the step was built around: refused, saying why and to rebuild."""
+    return fixed(name, doc, read, f"{why}{joint}{_REBUILD}")
+
+
+comm = built_around("comm", "The communicator, or None.", lambda updater: updater._options.comm,
+                    "the all-reduce, its buffers and the ranks' agreement are set up for it "
+                    "at construction")
+grads = built_around("grads", "The gradients reduced across the ranks.",
+                     lambda updater: updater._grads,
+                     "the step's all-reduce was set up for them at construction")
+solver = built_around("solver", "The solver.", lambda updater: updater._solver,
+                      "the step checks, unscales and updates through the solver it was "
+                      "given and its parameters")
+loss = built_around("loss", "The loss Variable.", lambda updater: updater._loss,
+                    "the step's passes, seeds and checks were built on its graph")
+shared_grads = built_around(
+    "shared_grads", "The :class:`~nnabla_mpt.SharedGradients` in use, or None.",
+    lambda updater: updater._shared_grads, "the gradients were placed (or not) in the "
+    "communicator's shared memory at construction")
+monitor = built_around(
+    "monitor", "The step hook given as ``monitor=``, called with every step's result, or "
+    "None.", lambda updater: updater._monitor, "a hook whose work changes over the run can "
+    "decide inside itself what to do with each result; or", " ")
+enable_overflow_check = built_around(
+    "enable_overflow_check", "Whether steps are checked for overflow.",
+    lambda updater: updater._options.enable_overflow_check, "the step's check, its retries and its "
+    "all-reduce flags were set up with it")
+policy = built_around(
+    "policy", "The loss-scale policy the step runs (its scale, counters and settings): "
+    "the ``policy=`` given, or the one made of nnabla's arguments.",
+    lambda updater: updater._policy, "the step's scale and the measured growth read it; "
+    "change its scale with updater.scale = ..., or", " ")
+schedule = built_around(
+    "schedule", "The precision schedule in use (:class:`~nnabla_mpt.PrecisionSchedule`, "
+    "the ``schedule=`` given), or None.", lambda updater: updater._schedule,
+    "the step's graphs were chosen with it")
+overflow = built_around(
+    "overflow", "The :class:`~nnabla_mpt.OverflowHandling` in use, its fields as they are "
+    "now.", lambda updater: OverflowHandling(
+        updater._detector.mode, updater._max_retries, updater._collapse.floor_policy,
+        updater._collapse.diagnose_after), "its assignable fields are "
+    "settings of their own (updater.max_retries, floor_policy, diagnose_after); for the "
+    "others", " ")
+reduction = built_around(
+    "reduction", "The :class:`~nnabla_mpt.GradientReduction` in use, its fields as they are "
+    "now.", lambda updater: replace(updater._options.reduction,
+                                     average_accum=updater._average_accum),
+    "average_accum is a setting of "
+    "its own (updater.average_accum = ...); for the others", " ")
+outputs = given("outputs", lambda updater: updater._options.outputs)
+lr_scheduler = given("lr_scheduler", lambda updater: updater._options.lr_scheduler)
+gradient_stats_every = given("gradient_stats_every",
+                             lambda updater: updater._options.gradient_stats_every)
+
+
+# -- what the step runs, as it is now -------------------------------------------------
+
+precision = property(lambda updater: "float" if updater._switched() else updater._precision,
+                     doc="``\"half\"`` or ``\"float\"``: the precision the next step runs in.")
+last_result = property(lambda updater: updater._last_result, doc=(
+    "The :class:`StepResult` of the last step, or None before the first."))
+
+
+# -- no other name, no copy ------------------------------------------------------------
+
+def refuse_unknown(updater: Any, name: str, value: Any) -> None:
+    """The updaters' ``__setattr__``: refuses an attribute the updater does not have (a
+    misspelt setting), naming the closest; the private ones are the updater's own."""
+    if name.startswith("_") or hasattr(type(updater), name):
+        object.__setattr__(updater, name, value)
+        return
+    public = [n for n in dir(type(updater)) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise AttributeError(f"{type(updater).__name__} has no setting {name!r} ({name} = "
+                         f"{value!r} refused){hint} The settings: {', '.join(public)}")
+
+
+def refuse_copies(updater: Any, protocol: Any) -> Any:
+    """The updaters' ``__reduce_ex__``: refuses ``copy``, ``deepcopy`` and ``pickle``. An
+    updater holds the graph, the solver, the communicator and buffers of them, which no
+    copy can share or split."""
+    raise TypeError(f"{type(updater).__name__} cannot be copied or pickled: it runs the "
+                    f"graph, solver and communicator it was built on; save what it learned "
+                    f"with state_dict() or save_checkpoint(path) and load it into an updater "
+                    f"built on the new graph (load_state_dict(), load_checkpoint(path))")

@@ -1,291 +1,93 @@
-"""The loss-scaling updaters: one training step, one decision.
+"""The loss-scaling updaters: :class:`DynamicLossScalingUpdater` and
+:class:`FixedLossScalingUpdater`, their constructors written out.
 
-One call of ``update()`` runs the step (:meth:`_LossScalingUpdater.update`)::
-
-    zero the gradients
-    before:       scale="auto" still to measure: calibrate on the first batch;
-                  measured growth: watch the step's backward passes    scale/measured.py
-    accum_grad times: feed a batch, forward (with outputs=), backward with
-                  the loss scale                                           step/step_loss.py
-    decide:       all-reduce (with a communicator), check for overflow distributed/agreement.py
-                  unscale, clip; a gradient norm not finite is an overflow   step/unscale.py
-    good step:    weight decay, the scheduled learning rate, solver.update() step/unscale.py
-    skipped step: parameters and solver states stay as they are
-    after:        tell the policy: the scale backs off or grows (measured growth:
-                  from the history of watched passes)     scale/policy.py, scale/measured.py
-    after a skip: on a collapse, diagnose and act by floor_policy           step/collapse.py
-
-Settings a script changes between steps take effect from the next step; one table says
-which (:mod:`nnabla_mpt.settings`).
-
-Both updaters run this loop; they differ in the policy that sets the scale and in their
-arguments (``options.DYNAMIC``, ``options.FIXED``). What a valid updater state is and how it
-is saved, :mod:`nnabla_mpt.updater_state` says.
+Both run the step loop of :mod:`nnabla_mpt.step_loop`; they differ in the policy that sets
+the scale and in their arguments, checked where they are made: the options both take in
+:class:`UpdaterOptions`, the scale's in
+:class:`~nnabla_mpt.scale.bounded_policy.DynamicPolicyArguments`. The settings a script
+may change between steps are checked by the same functions
+(:func:`~nnabla_mpt.settings.checked_weight_decay`, ...).
 """
-import math
-from dataclasses import replace
-from typing import Any, Callable, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 import nnabla as nn
-from nnabla.logger import logger
 
-from . import options, settings, updater_state
-from .core import graph
-from .core.dtypes import FloatType
-from .core.loss_and_solver import solver_parameters, trained_loss
-from .diagnosis.watch import RangeWatch
-from .distributed import abort, agreement, launcher
-from .distributed.gradient_reduction import (GradientReduction, backward_reduction,
-                                             exchanged_grads)
-from .options import UpdaterOptions
-from .scale.bounded_policy import dynamic_policy, fixed_policy
-from .scale.measured import ScaleMeter
-from .scale.precision_graphs import updater_schedule
-from .scale.seed import BackwardSeed
-from .step.collapse import CollapseAttributes, CollapseWatch
-from .step.decision import LocalDecision
-from .step.detector import BatchCheck, OverflowDetector, overflow_checks
-from .step.feeder import StaleInputs, install_feeder
-from .step.overflow_handling import OverflowHandling, check_retries
+from .core import _validate as check
+from .distributed import gradient_reduction as reduction_checks
+from .distributed.gradient_reduction import GradientReduction
+from .monitoring import checked_step_hook
+from .scale.bounded_policy import DynamicPolicyArguments, FixedScale
+from .scale.policy import DynamicLossScale, GrowthMode
+from .scale.precision import PrecisionSchedule
+from .settings import (between_steps, checked_accum_grad, checked_clip_grad_norm,
+                       checked_weight_decay, given)
+from .step.feeder import checked_feeder
+from .step.overflow_handling import OverflowHandling
 from .step.result import StepResult
-from .step.step_loss import LossRecorder, StepLosses
-from .step.unscale import Unscaler
+from .step.step_loss import checked_outputs
+from .step.unscale import checked_lr_scheduler
+from .step_loop import _LossScalingUpdater
 
 
-class _LossScalingUpdater(CollapseAttributes, updater_state.Resumable, settings.OneAtATime):
-    """The training step shared by every updater; see the subclasses. The attributes of
-    the collapse handling (``overflow_streak``, ``bad_batches``, ...) come from
-    :class:`~nnabla_mpt.step.collapse.CollapseAttributes`, the counters and the state from
-    :class:`~nnabla_mpt.updater_state.Resumable`, the settings from :mod:`nnabla_mpt.settings`.
+def _instance(name: str, value: Any, cls: type) -> Any:
+    """``value``: None or a ``cls`` (one of the option objects)."""
+    if value is None or isinstance(value, cls):
+        return value
+    raise TypeError(f"{name} must be None or a nnabla_mpt.{cls.__name__}, got {value!r} "
+                    f"of type {type(value).__name__}")
 
-    Args:
-        solver, loss: As the updaters take them.
-        make_policy: ``dtype -> policy``: the loss-scale policy, given the
-            :class:`~nnabla_mpt.core.dtypes.FloatType` of the loss, whose values bound the
-            scales ``loss.backward(scale)`` can seed.
-        opts: The checked values of the updater's options (``UpdaterSignature.bind``).
+
+@dataclass(frozen=True)
+class UpdaterOptions:
+    """The options both updaters take, checked when the object is made (``TypeError`` or
+    ``ValueError`` naming the argument and the value); the updaters' docstrings say what
+    each one does. ``overflow`` and ``reduction`` given as None are their defaults.
     """
+    data_feeder: Optional[Callable[[], Any]] = None
+    clear_buffer: bool = True
+    accum_grad: int = 1
+    weight_decay: Optional[float] = None
+    comm: Any = None
+    grads: Optional[Sequence["nn.NdArray"]] = None
+    enable_overflow_check: bool = True
+    clip_grad_norm: Optional[float] = None
+    monitor: Optional[Callable[[Any], Any]] = None
+    outputs: Optional[Sequence["nn.Variable"]] = None
+    lr_scheduler: Any = None
+    gradient_stats_every: Optional[int] = None
+    overflow: Optional[OverflowHandling] = None
+    reduction: Optional[GradientReduction] = None
+    schedule: Optional[PrecisionSchedule] = None
 
-    def __init__(self, solver, loss, make_policy: Callable[[FloatType], Any],
-                 opts: UpdaterOptions) -> None:
-        settings.OneAtATime.__init__(self)
-        self._options = opts
-        self._params = solver_parameters(solver)
-        self._solver = solver
-        self._loss = trained_loss(loss, self._params)
-        self._precision = graph.gradient_precision(self._loss, self._params)
-        self._schedule = updater_schedule(opts.schedule, self._loss, self._params,
-                                          opts.outputs)
-        self._high_precision_loss = getattr(self._schedule, "high_precision_loss", None)
-        graphs = [v for v in (self._loss, self._high_precision_loss) if v is not None]
-        self._passes = {id(v): (LossRecorder(v, opts.accum_grad, opts.outputs),
-                                BackwardSeed(v)) for v in graphs}
-        self._dtype = graph.float_type_of(self._loss)
-        check_retries(opts.overflow.max_retries, opts.enable_overflow_check)
-        self._policy = make_policy(self._dtype)
-        install_feeder(self, opts.data_feeder)
-        self._stale = StaleInputs(graph.data_inputs(self._loss, self._params))
-        self._clear_buffer, self._accum_grad = opts.clear_buffer, opts.accum_grad
-        self._max_retries = opts.overflow.max_retries
-        self._average_accum = opts.reduction.average_accum
-        self._monitor = opts.monitor
-        batch = BatchCheck([self._loss, self._high_precision_loss], self._params)
-        self._set_up_reduction(opts, graphs, batch)
-        self._unscaler = Unscaler(solver, self._params, graph.float_context(self._loss),
-                                  opts.accum_grad, self._average_accum, opts.clip_grad_norm,
-                                  opts.weight_decay, opts.lr_scheduler)
-        self._collapse = CollapseWatch(opts.overflow.floor_policy, opts.overflow.diagnose_after,
-                                       self._params, self._detector, self._policy,
-                                       self._decider.agree_on_diagnosis, batch)
-        reduction = self._decider.reduction
-        self._meter = ScaleMeter(self._loss, self._params, self._policy, self._decider.gather,
-                                 opts.gradient_stats_every, opts.scale == "auto",
-                                 None if reduction is None else reduction.dtype_after,
-                                 opts.policy_settings.get("max_scale"))
-        self._steps = self._updates = self._skipped_steps = 0
-        self.last_result: Optional[StepResult] = None
-
-    def _set_up_reduction(self, opts: UpdaterOptions, graphs, batch: BatchCheck) -> None:
-        """The communicator, the gradients it reduces, the overflow check and the step's
-        decision (local, or agreed by the ranks), the shared gradients."""
-        reduction = opts.reduction
-        self._comm = abort.updater_comm(opts.comm, reduction.abort_on_exception)
-        if self._comm is None:
-            launcher.warn_training_alone()
-        self._grads = exchanged_grads(opts.grads, self._comm, reduction, self._params)
-        self._detector = OverflowDetector(opts.overflow.mode)
-        pack = backward_reduction(reduction, self._comm, opts.overflow.mode == "saturation",
-                                  graphs, self._params)
-        float32_cpu = (self._schedule is None and self._dtype.name == "float32"
-                       and graph.extension_of(self._loss) == "cpu")
-        checks = overflow_checks(self._detector.mode, opts.enable_overflow_check, self._solver,
-                                 self._params, float32_cpu, graph.float_context(self._loss),
-                                 self._comm is not None)
-        float_only = self._precision == "float" and self._schedule is None
-        if self._comm is None:
-            self._decider, self._shared_grads = LocalDecision(checks[0], batch), None
-        else:
-            self._decider, self._shared_grads = agreement.decider(
-                self._comm, self._loss, self._params, self._grads, reduction.shared_grads,
-                float_only, checks, self._detector.mode, batch, pack, reduction.average_ranks)
-            agreement.warn_float16_reduction(self._decider.reduction, self._precision,
-                                             self._schedule is not None,
-                                             reduction.average_ranks)
-            agreement.warn_device_mismatch(self._comm, self._loss)
-        self._in_backward = self._decider.in_backward
-        self._zero_grads = (self._solver.zero_grad if self._shared_grads is None
-                            else self._shared_grads.zero)
-
-    # -- what the step runs, as it is now ----------------------------------------------
-    @property
-    def precision(self) -> str:
-        """``"half"`` or ``"float"``: the precision the next step runs in."""
-        return "float" if self._switched() else self._precision
-
-    @property
-    def _next_scale(self) -> float:
-        """The scale of the next step (the ``scale`` setting): 1 after a precision switch."""
-        return 1.0 if self._switched() else self._policy.loss_scale
-
-    @property
-    def _overflow_handling(self) -> OverflowHandling:
-        """The ``overflow`` setting: :class:`OverflowHandling` of the values in use."""
-        return OverflowHandling(self._detector.mode, self._max_retries,
-                                self._collapse.floor_policy, self._collapse.diagnose_after)
-
-    @property
-    def _gradient_reduction(self) -> GradientReduction:
-        """The ``reduction`` setting: :class:`GradientReduction` of the values in use."""
-        return replace(self._options.reduction, average_accum=self._average_accum)
-
-    def _switched(self) -> bool:
-        """Whether the precision schedule runs the next step in full precision."""
-        return self._schedule is not None and not self._schedule.reduced(self._steps)
-
-    # -- the step -----------------------------------------------------------------------
-    def update(self) -> StepResult:
-        """Runs one training step, or skips it when the gradients overflowed.
-
-        zero grads → ``accum_grad`` × (feed, forward, backward with the scale) → all-reduce
-        (with a communicator) → overflow check → unscale, clip, weight decay,
-        ``solver.update()``; or, on overflow, leave parameters and solver states untouched
-        and adjust the scale. In retry mode (``max_retries > 0``) a skipped step is followed
-        by up to ``max_retries`` more steps on new batches; the call returns at the first
-        one that updates, or after the last one.
-
-        Returns:
-            StepResult: whether the step was skipped and the scale it ran with.
-
-        Raises:
-            RuntimeError: ``update()`` is already running, in another thread or further up
-                this one (a monitor hook or data feeder calling it): one step at a time. Or
-                ``comm`` has an all-reduce armed by a script's ``all_reduce_callback()``.
-        """
-        self._enter("update()")
-        try:
-            if self._comm is not None:
-                agreement.check_not_armed(self._comm)
-            if self._feed is None:
-                self._stale.look(self._accum_grad)    # the script writes the inputs?
-            result = self._step(1)
-            while result.skipped and result.attempts <= self._max_retries:
-                result = self._step(result.attempts + 1)
-            return result
-        finally:
-            self._leave()
-
-    def _step(self, attempts: int) -> StepResult:
-        index = self._steps
-        loss, precision = self._graph_at(index)
-        recorder, seed = self._passes[id(loss)]
-        losses = recorder.start()
-        meter = self._meter if precision != "float" or self._schedule is None else None
-        fed, watch = False, None           # unscaled (meter None): no scale to measure
-        if meter is not None:
-            fed, watch = meter.before_passes(index, self._feed, self._zero_grads,
-                                             lambda: recorder.forward(losses, 0, False))
-        scale = 1.0 if meter is None else self._policy.loss_scale
-        self._forward_backward(recorder, seed.at(scale), scale, losses, watch, fed)
-        stats = self._meter.statistics(index) if self._meter.stats_every else None
-        skipped, loss_nonfinite, bad_batch, room = self._decide(loss, losses, index, watch,
-                                                                seed.held)
-        at_floor = skipped and meter is not None and self._policy.at_min_scale
-        held_by = (None if meter is None else
-                   meter.after_step(fed, skipped, room, loss_nonfinite, bad_batch))
-        self._steps += 1
-        if skipped:
-            self._skipped_steps += 1
-            self._collapse.count_skip(bad_batch)
-        else:
-            self._unscaler.apply()
-            self._updates += 1
-            self._collapse.overflow_streak = 0
-        schedule = self._schedule
-        if schedule is not None and schedule.needs_loss and math.isfinite(losses.mean()):
-            schedule.observe_loss(index, losses.mean())
-        result = StepResult(index, skipped, scale, self._next_scale, attempts, precision,
-                            stats, bad_batch, held_by, self._skipped_steps, losses)
-        self.last_result = result
-        if self._monitor is not None:
-            self._monitor(result)
-        if skipped:
-            self._collapse.after_skip(index, scale, result.next_scale, loss, at_floor,
-                                      loss_nonfinite, bad_batch)
-        return result
-
-    def _decide(self, loss: "nn.Variable", losses: StepLosses, index: int,
-                watch: Optional[RangeWatch], held: float) -> Tuple[bool, bool, bool, Any]:
-        """The step's one decision, skip or update, once its backward passes ran:
-        ``(skipped, loss_nonfinite, bad_batch, room)``. The gradients are all-reduced (with
-        a communicator) and checked, alike on every rank; a good step's gradients are then
-        measured for growth (``room``, with ``watch``; None without) and unscaled by the
-        seed's ``held`` scale, and a gradient norm that is not finite skips it after all."""
-        if watch is not None and self._in_backward is None:
-            self._meter.watch_own(watch)     # this rank's gradients, before the reduce
-        skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses, index)
-        if skipped:
-            return True, loss_nonfinite, bad_batch, None
-        room = None if watch is None else self._meter.growth_room(watch, held)
-        unscaled = self._unscaler.unscale(held, self._updates)
-        return not unscaled, loss_nonfinite, bad_batch, room
-
-    def _graph_at(self, index: int):
-        """``(loss, precision)`` of step ``index``: the reduced-precision graph, or after a
-        precision switch the full-precision one (run at scale 1, checked for overflow)."""
-        schedule = self._schedule
-        if schedule is None or schedule.reduced(index):
-            return self._loss, self._precision
-        if index == schedule.switch_step:
-            logger.info(f"nnabla_mpt: precision schedule {schedule.mode.text!r}: "
-                        f"{schedule.describe_switch()}")
-        return self._high_precision_loss, "float"
-
-    def _forward_backward(self, recorder: LossRecorder, seed: "nn.NdArray", scale: float,
-                          losses: StepLosses, watch: Optional[RangeWatch] = None,
-                          fed: bool = False) -> None:
-        """Zeroes the gradients, then ``accum_grad`` × (feed, forward of the recorder's loss
-        kept in ``losses``, backward seeded with ``seed``, the array of ``scale``, watched by
-        ``watch`` if given); ``fed``: the first micro-batch is fed and forwarded already. The
-        last backward carries nnabla's all-reduce callback where it reduces the gradients."""
-        loss = recorder.loss
-        clear = self._clear_buffer
-        reduce = None if self._in_backward is None else self._in_backward()
-        last = self._accum_grad - 1
-        self._zero_grads()
-        for i in range(self._accum_grad):
-            if i or not fed:
-                feed = self._feed
-                if feed is not None:
-                    feed()
-                recorder.forward(losses, i, clear)
-            callbacks = reduce if i == last else None
-            if watch is None:
-                loss.backward(seed, clear_buffer=clear, communicator_callbacks=callbacks)
-            else:
-                watch.run(loss, scale, clear, callbacks)
+    def __post_init__(self) -> None:
+        every = self.gradient_stats_every
+        checked = {
+            "data_feeder": checked_feeder("data_feeder", self.data_feeder),
+            "clear_buffer": check.boolean("clear_buffer", self.clear_buffer),
+            "accum_grad": checked_accum_grad(self.accum_grad),
+            "weight_decay": checked_weight_decay(self.weight_decay),
+            "comm": reduction_checks.communicator("comm", self.comm),
+            "grads": reduction_checks.ndarrays("grads", self.grads),
+            "enable_overflow_check": check.boolean("enable_overflow_check",
+                                                   self.enable_overflow_check),
+            "clip_grad_norm": checked_clip_grad_norm(self.clip_grad_norm),
+            "monitor": checked_step_hook("monitor", self.monitor),
+            "outputs": checked_outputs("outputs", self.outputs),
+            "lr_scheduler": checked_lr_scheduler("lr_scheduler", self.lr_scheduler),
+            "gradient_stats_every": (None if every is None else
+                                     check.integer("gradient_stats_every", every, ge=1)),
+            "overflow": (_instance("overflow", self.overflow, OverflowHandling)
+                         or OverflowHandling()),
+            "reduction": (_instance("reduction", self.reduction, GradientReduction)
+                          or GradientReduction()),
+            "schedule": _instance("schedule", self.schedule, PrecisionSchedule),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
 
-@options.DYNAMIC.describe
+
 class DynamicLossScalingUpdater(_LossScalingUpdater):
     """Mixed-precision training step with a dynamic loss scale.
 
@@ -308,10 +110,88 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
     Args:
         solver: An nnabla solver with its parameters set.
         loss: The scalar loss Variable.
-        {options}
+        data_feeder: Called with no arguments before every forward to load the next batch
+            into the input Variables (``x.d = ...``); what it returns is ignored. None when
+            the inputs are already filled. One that needs an argument is refused
+            (``TypeError``); one that returns something (the batch, instead of writing it)
+            is warned about at its first call.
+        scale: The initial loss scale, or ``"auto"``: measured on the first step's own
+            batch (see :doc:`measured`; until then :attr:`scale` reads the upper bound); a
+            batch whose loss, or whose gradients at any scale, are not finite is not
+            measured, and the next step measures its own. A scale above the largest power
+            of two the loss's dtype holds (``2**15`` for float16) is lowered to it, with an
+            info line. A scale the loss's dtype holds only rounded (3000.7 is 3000 in
+            float16) seeds the pass rounded, and the gradients are divided by that rounded
+            value (:func:`~nnabla_mpt.scale.seed.held_scale`).
+        scaling_factor: Growth factor of the scale (> 1); the scale backs off by
+            ``1 / scaling_factor``.
+        N: Consecutive good steps before the scale grows by ``scaling_factor``.
+        clear_buffer: Free intermediate buffers during forward and backward.
+        accum_grad: Forward/backward passes whose gradients are summed per update.
+        weight_decay: Weight decay applied to the unscaled gradients, or None.
+        comm: A communicator (``MPICommunicator``, or nnabla's
+            ``MultiProcessDataParallelCommunicator``) for data-parallel training, or None.
+        grads: Gradients to all-reduce with ``comm``; None means those of all the solver's
+            parameters. Without ``comm`` there is nothing to reduce: a non-empty list is
+            ignored with a warning (accepted, as nnabla's updater accepts it), ``[]``
+            (nnabla's default) silently.
+        growth_mode: ``"probe"`` (default): grow by ``scaling_factor`` after ``N`` good
+            steps, as nnabla's updater does; ``"measured"``: on the step where growth is
+            due, watch the backward pass and grow by as many factors as the gradients leave
+            room for, possibly none (see :doc:`measured`).
+        policy: The scale's settings as a :class:`~nnabla_mpt.DynamicLossScale`
+            (``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``,
+            ``hysteresis``, ``min_scale``, ``max_scale``, ``growth_mode``): the policy the
+            updater runs, this very object (``updater.policy is policy``), its
+            ``max_scale`` lowered to what the loss's dtype can seed. Given with it,
+            ``scale`` may only be ``"auto"``, and ``scaling_factor``, ``N`` and
+            ``growth_mode`` keep their defaults: the policy holds them. None (default):
+            a policy of ``scale``, ``scaling_factor``, ``N`` and ``growth_mode`` between
+            ``min_scale=1`` and ``max_scale=2**24``.
+        clip_grad_norm: Clip the unscaled gradients to this global L2 norm, or None. The
+            norm is taken of the unscaled gradients in float32 on the device they live on,
+            scaled by their largest magnitude as BLAS ``nrm2`` does: finite for all finite
+            gradients, which are clipped and applied however large their norm (a step is
+            never skipped for it). Only gradients holding inf or NaN have no norm: the
+            overflow check skips them, and without it (``enable_overflow_check=False``)
+            the norm does, as an overflow.
+        monitor: A step hook: any callable, called once per step (after the step is
+            complete) with its :class:`StepResult`, e.g. a :class:`LossScaleMonitor` or a
+            :class:`LossScaleCallback`. None (default) costs one attribute test per step.
+        outputs: Variables computed by the step's own forward passes together with the
+            loss (an error rate, an accuracy: what ``F.sink(loss, error)`` computed), on
+            the same batch, random draws and batch-normalization statistics; the backward
+            pass still runs from the loss alone. After ``update()`` their ``.d`` holds the
+            last micro-batch's values (a ``data_feeder`` finds the previous micro-batch's
+            there when ``accum_grad > 1``), of the last attempt in retry mode, of this
+            rank's batch with a communicator (they are not reduced). They are made
+            persistent, so that no pass frees their values. Not with ``schedule``.
+        lr_scheduler: A learning-rate schedule with ``get_learning_rate(iter)`` (nnabla's
+            ``nnabla.utils.learning_rate_scheduler``), keyed on applied updates: before
+            each ``solver.update()`` the solver's learning rate is set to
+            ``get_learning_rate(updater.updates)``, so a skipped step does not advance the
+            schedule; a resumed run goes on from the saved ``updates``. None (default): the
+            learning rate is left to the solver.
+        gradient_stats_every: Every this many steps (``(step + 1) % K == 0``),
+            :attr:`StepResult.gradient_stats` holds each parameter's gradient statistics
+            (zeros, subnormals, largest value, headroom; see
+            :class:`~nnabla_mpt.GradientStats`); None (default): never.
+        overflow: What counts as an overflow and what is done about one, an
+            :class:`~nnabla_mpt.OverflowHandling`: the check's ``mode`` (``"inf_nan"`` or
+            ``"saturation"``), ``max_retries`` within one ``update()``, and at a
+            collapsing scale the ``floor_policy`` after ``diagnose_after`` overflowing
+            steps. None (default): ``OverflowHandling()``.
+        reduction: How the gradients are summed, a :class:`~nnabla_mpt.GradientReduction`:
+            averaged over the micro-batches (``average_accum``) or the ranks
+            (``average_ranks``), reduced inside the backward pass (``all_reduce_callback``), in
+            shared memory (``shared_grads``), and whether a rank that raises aborts the job
+            (``abort_on_exception``). None (default): ``GradientReduction()``.
+        schedule: A precision schedule, a :class:`~nnabla_mpt.PrecisionSchedule`: reduced
+            precision (``loss``) first, then full precision (its ``high_precision_loss``,
+            run with scale 1 and the overflow check kept); the updater runs this very
+            object. None (default): reduced precision throughout.
 
     Attributes:
-        shared_grads: The :class:`~nnabla_mpt.SharedGradients` in use, or None.
         last_report: The :class:`~nnabla_mpt.OverflowReport` of the last
             diagnosis, or None.
 
@@ -330,13 +210,60 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
         (False, 8.0)
     """
 
-    def __init__(self, solver, loss, *args, **kwargs) -> None:
-        opts = options.DYNAMIC.bind(type(self).__name__, args, kwargs)
-        super().__init__(solver, loss, lambda dtype: dynamic_policy(
-            opts.policy_settings, opts.shown, dtype), opts)
+    def __init__(self, solver: "nn.solver.Solver", loss: "nn.Variable",
+                 data_feeder: Optional[Callable[[], Any]] = None,
+                 scale: Union[float, Literal["auto"]] = 8.0, scaling_factor: float = 2.0,
+                 N: int = 2000, clear_buffer: bool = True, accum_grad: int = 1,
+                 weight_decay: Optional[float] = None, comm: Any = None,
+                 grads: Optional[Sequence["nn.NdArray"]] = None, *,
+                 growth_mode: GrowthMode = "probe",
+                 policy: Optional[DynamicLossScale] = None,
+                 clip_grad_norm: Optional[float] = None,
+                 monitor: Optional[Callable[[StepResult], Any]] = None,
+                 outputs: Optional[Sequence["nn.Variable"]] = None, lr_scheduler: Any = None,
+                 gradient_stats_every: Optional[int] = None,
+                 overflow: Optional[OverflowHandling] = None,
+                 reduction: Optional[GradientReduction] = None,
+                 schedule: Optional[PrecisionSchedule] = None) -> None:
+        opts = UpdaterOptions(
+            data_feeder=data_feeder, clear_buffer=clear_buffer, accum_grad=accum_grad,
+            weight_decay=weight_decay, comm=comm, grads=grads,
+            clip_grad_norm=clip_grad_norm, monitor=monitor, outputs=outputs,
+            lr_scheduler=lr_scheduler, gradient_stats_every=gradient_stats_every,
+            overflow=overflow, reduction=reduction, schedule=schedule)
+        scaling = DynamicPolicyArguments(scale=scale, scaling_factor=scaling_factor, N=N,
+                                         growth_mode=growth_mode, policy=policy)
+        super().__init__(solver, loss, scaling, opts)
+
+    @property
+    def scaling_factor(self) -> float:
+        """Growth factor of the scale (assignable; also the back-off where it is
+        ``1 / scaling_factor``, the default)."""
+        return self._policy.growth_factor
+
+    @scaling_factor.setter
+    def scaling_factor(self, value: float) -> None:
+        with between_steps(self, "scaling_factor", value):
+            value = check.real("scaling_factor", value, gt=1.0)
+            policy = self._policy
+            if policy.backoff_factor == 1.0 / policy.growth_factor:   # the default: it follows
+                policy.backoff_factor = 1.0 / value
+            policy.growth_factor = value
+
+    @property
+    def N(self) -> int:
+        """Consecutive good steps before the scale grows (assignable; a count already at
+        the new N grows at the next good step)."""
+        return self._policy.growth_interval
+
+    @N.setter
+    def N(self, value: int) -> None:
+        with between_steps(self, "N", value):
+            self._policy.set_growth_interval(check.integer("N", value, ge=1))
+
+    growth_mode = given("growth_mode", lambda updater: updater._policy.growth_mode)
 
 
-@options.FIXED.describe
 class FixedLossScalingUpdater(_LossScalingUpdater):
     """Mixed-precision training step with a constant loss scale.
 
@@ -350,20 +277,50 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
     updated, for networks whose overflow is harmless (clipped or masked later), except on a
     step where ``clip_grad_norm=`` finds a gradient norm that is not finite: dividing by it
     would write NaN into every parameter, so that step is skipped all the same.
-    The options are those of :class:`DynamicLossScalingUpdater` that do not concern a
-    dynamic scale.
 
     Args:
         solver: An nnabla solver with its parameters set.
         loss: The scalar loss Variable.
-        {options}
+        data_feeder: As :class:`DynamicLossScalingUpdater` takes it.
+        scale: The loss scale; ``>= 1``, at most the largest power of two the loss's dtype
+            holds. A scale the loss's dtype holds only rounded seeds the pass rounded, and
+            the gradients are divided by that rounded value.
+        enable_overflow_check: Skip overflowing steps (the scale stays). False: no check,
+            for harmless overflow; a step whose clipping norm is not finite
+            (``clip_grad_norm=``) is skipped all the same.
+        clear_buffer: As :class:`DynamicLossScalingUpdater` takes it.
+        accum_grad: As :class:`DynamicLossScalingUpdater` takes it.
+        weight_decay: As :class:`DynamicLossScalingUpdater` takes it.
+        comm: As :class:`DynamicLossScalingUpdater` takes it.
+        grads: As :class:`DynamicLossScalingUpdater` takes it.
+        clip_grad_norm: As :class:`DynamicLossScalingUpdater` takes it.
+        monitor: As :class:`DynamicLossScalingUpdater` takes it.
+        outputs: As :class:`DynamicLossScalingUpdater` takes it.
+        lr_scheduler: As :class:`DynamicLossScalingUpdater` takes it.
+        gradient_stats_every: As :class:`DynamicLossScalingUpdater` takes it.
+        overflow: As :class:`DynamicLossScalingUpdater` takes it.
+        reduction: As :class:`DynamicLossScalingUpdater` takes it.
+        schedule: As :class:`DynamicLossScalingUpdater` takes it.
     """
 
-    def __init__(self, solver, loss, *args, **kwargs) -> None:
-        opts = options.FIXED.bind(type(self).__name__, args, kwargs)
-        super().__init__(solver, loss, lambda dtype: fixed_policy(
-            opts.scale, opts.shown["scale"], dtype), opts)
+    def __init__(self, solver: "nn.solver.Solver", loss: "nn.Variable",
+                 data_feeder: Optional[Callable[[], Any]] = None, scale: float = 128.0,
+                 enable_overflow_check: bool = True, clear_buffer: bool = True,
+                 accum_grad: int = 1, weight_decay: Optional[float] = None, comm: Any = None,
+                 grads: Optional[Sequence["nn.NdArray"]] = None, *,
+                 clip_grad_norm: Optional[float] = None,
+                 monitor: Optional[Callable[[StepResult], Any]] = None,
+                 outputs: Optional[Sequence["nn.Variable"]] = None, lr_scheduler: Any = None,
+                 gradient_stats_every: Optional[int] = None,
+                 overflow: Optional[OverflowHandling] = None,
+                 reduction: Optional[GradientReduction] = None,
+                 schedule: Optional[PrecisionSchedule] = None) -> None:
+        opts = UpdaterOptions(
+            data_feeder=data_feeder, clear_buffer=clear_buffer, accum_grad=accum_grad,
+            weight_decay=weight_decay, comm=comm, grads=grads,
+            enable_overflow_check=enable_overflow_check, clip_grad_norm=clip_grad_norm,
+            monitor=monitor, outputs=outputs, lr_scheduler=lr_scheduler,
+            gradient_stats_every=gradient_stats_every, overflow=overflow,
+            reduction=reduction, schedule=schedule)
+        super().__init__(solver, loss, FixedScale(scale), opts)
 
-
-settings.install(_LossScalingUpdater, settings.BOTH)
-settings.install(DynamicLossScalingUpdater, settings.DYNAMIC)

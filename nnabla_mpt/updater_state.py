@@ -1,9 +1,9 @@
-"""The updater's state as plain values: its version, its keys, its checks, the states of
-earlier versions read as the current one, and the warning naming the settings a loaded
-state replaces; and :class:`Resumable`, the updater's side of it.
+"""The updater's state as plain values: its version, its keys, its checks and the warning
+naming the settings a loaded state replaces; and the updater's side of it, its counters
+and its methods (``state_dict()``, ``load_state_dict()``, ``save_checkpoint()``,
+``load_checkpoint()``), which the step loop's class lists by name.
 
-The updater builds the state (``state_dict()``) and applies it (``load_state_dict()``) in
-:class:`Resumable`; the rest of this module says what a valid state is. The policy's and
+The rest of this module says what a valid state is. The policy's and
 the precision schedule's parts are theirs to check (:mod:`nnabla_mpt.scale.policy`,
 :mod:`nnabla_mpt.scale.precision`).
 """
@@ -18,9 +18,9 @@ from .files import checkpoint
 from .core.dtypes import FloatType
 from .scale.scale_history import checked_state
 
-#: The current version: 1 had no ``bad_batches``, 2 no ``calibration_pending``, 3 no
-#: ``scale_history``.
-VERSION = 4
+#: The version of the state's format (one: the format has not changed since it was
+#: released).
+VERSION = 1
 
 #: The updater's counters, integers >= 0.
 COUNTERS = ("steps", "updates", "skipped_steps", "overflow_streak",
@@ -51,26 +51,20 @@ def _counter(name: str, doc: str) -> property:
     return property(attrgetter(key), set_, doc=doc)
 
 
-class StepCounters:
-    """The step counters an updater keeps and its state saves (``help()`` lists them)."""
-
-    steps = _counter("steps", "Steps run so far (each ``update()`` runs one, whatever its "
-                     "retries): ``updates + skipped_steps``.")
-    updates = _counter("updates", "Steps that updated the parameters.")
-    skipped_steps = _counter("skipped_steps", "Steps skipped, leaving the parameters and "
-                             "the solver's state as they were: an overflow, a batch "
-                             "holding inf/NaN (``bad_batches``) or a gradient norm that is "
-                             "not finite.")
+#: The step counters an updater keeps and its state saves (``help()`` lists them).
+steps = _counter("steps", "Steps run so far (each ``update()`` runs one, whatever its "
+                 "retries): ``updates + skipped_steps``.")
+updates = _counter("updates", "Steps that updated the parameters.")
+skipped_steps = _counter("skipped_steps", "Steps skipped, leaving the parameters and the "
+                         "solver's state as they were: an overflow, a batch holding inf/NaN "
+                         "(``bad_batches``) or a gradient norm that is not finite.")
 
 
-def checked(state: Any, updater_name: str, auto_scale: bool,
-            can_calibrate: bool) -> Dict[str, Any]:
+def checked(state: Any, updater_name: str, can_calibrate: bool) -> Dict[str, Any]:
     """The counters and ``calibration_pending`` of ``state``, checked: the keys, the
     version, the updater's class name (``updater_name``) and the counters' consistency.
-    ``auto_scale``: the loading updater was built with ``scale="auto"`` (for a state of an
-    earlier version, see :func:`current`); ``can_calibrate``: its policy can measure a
-    scale at all (a fixed one cannot, and refuses a state with a calibration due)."""
-    state = current(state, auto_scale)
+    ``can_calibrate``: the loading updater's policy can measure a scale at all (a fixed
+    one cannot, and refuses a state with a calibration due)."""
     check.exact_keys("state", state, KEYS)
     check.version("state", state, VERSION)
     if state["updater"] != updater_name:
@@ -86,15 +80,14 @@ def checked(state: Any, updater_name: str, auto_scale: bool,
     return values
 
 
-def check_all(state: Any, updater_name: str, policy, schedule, auto_scale: bool,
+def check_all(state: Any, updater_name: str, policy, schedule,
               dtype: FloatType) -> Dict[str, Any]:
     """Checks the whole ``state`` for an updater (``updater_name``, its ``policy``, its
-    precision ``schedule`` or None, whether it has ``scale="auto"``, its loss's
-    ``dtype``) without changing anything. Returns the counters and
+    precision ``schedule`` or None, its loss's ``dtype``) without changing anything. Returns the counters and
     ``calibration_pending`` (:func:`checked`), the policy's state to load (``"policy"``,
     within ``dtype``) and the values lowered to fit it (``"lowered"``, see
     :func:`within_dtype`)."""
-    values = checked(state, updater_name, auto_scale, can_calibrate=policy.kind == "dynamic")
+    values = checked(state, updater_name, can_calibrate=policy.kind == "dynamic")
     if (state["precision"] is None) != (schedule is None):
         mine = None if schedule is None else schedule.mode.text
         raise ValueError(f"state has precision schedule {state['precision']!r} but this "
@@ -104,25 +97,6 @@ def check_all(state: Any, updater_name: str, policy, schedule, auto_scale: bool,
     if schedule is not None:
         copy.copy(schedule).load_state_dict(state["precision"])
     return values
-
-
-def current(state: Any, auto_scale: bool) -> Any:
-    """``state`` in the current version. Version 1 had no ``bad_batches`` (it counted
-    none); versions 1 and 2 had no ``calibration_pending``: ``scale="auto"`` is still to
-    measure only where the loading updater has it (``auto_scale``) and the state was saved
-    before the first step; versions 1 to 3 had no ``scale_history``: it starts empty
-    (measured growth then keeps the margin of one batch until it has seen a few passes).
-    Anything else is returned as it is, for :func:`checked` to judge."""
-    version = state.get("version") if isinstance(state, Mapping) else None
-    if type(version) is not int or version not in (1, 2, 3):
-        return state
-    added: Dict[str, Any] = {"scale_history": []}
-    if version < 3:
-        added["calibration_pending"] = auto_scale and state.get("steps") == 0
-    if version == 1:
-        added["bad_batches"] = 0
-    check.exact_keys(f"state (version {version})", state, set(KEYS) - set(added))
-    return {**state, **added, "version": VERSION}
 
 
 def _checked_counters(state: Mapping[str, Any]) -> Dict[str, int]:
@@ -205,96 +179,110 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
-class Resumable(StepCounters):
-    """The state of an updater (a mixin of the step loop's class): its counters, and
-    saving and restoring them with the policy's, the precision schedule's and measured
-    growth's (``state_dict()``), in a checkpoint with the parameters and solver states.
-    It reads the step loop's parts: ``_policy``, ``_schedule``, ``_meter``, ``_collapse``,
-    ``_params``, ``_solver`` and ``_dtype``; loading waits for no step: during one (from a
-    feeder, a monitor or another thread) it is refused
-    (:class:`~nnabla_mpt.settings.OneAtATime`)."""
+# -- the updater's side: its methods (listed by name in the step loop's class) ----------
 
-    def state_dict(self) -> Dict[str, Any]:
-        """The updater's whole state as plain Python values, versioned: the policy's (scale,
-        counters, bounds), the precision schedule's, the updater's counters, whether
-        ``scale="auto"`` is still to measure (``calibration_pending``) and measured growth's
-        history (``scale_history``). Parameters and solver states: :meth:`save_checkpoint`.
-        """
-        return {"version": VERSION, "updater": type(self).__name__,
-                "policy": self._policy.state_dict(),
-                "precision": None if self._schedule is None else self._schedule.state_dict(),
-                "steps": self.steps, "updates": self.updates,
-                "skipped_steps": self.skipped_steps,
-                "overflow_streak": self._collapse.overflow_streak,
-                "longest_overflow_streak": self._collapse.longest_overflow_streak,
-                "bad_batches": self._collapse.bad_batches,
-                **self._meter.state_dict()}
+def _owner(updater: Any) -> str:
+    return type(updater).__name__
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
-        (``N``, ``max_scale``, ...) come from ``state``, and a calibration still due makes
-        the next step measure (``scale="auto"``) where this updater was given a number: one
-        warning names each setting replaced; a scale the loss's dtype cannot seed is
-        lowered, with a warning (:func:`within_dtype`).
 
-        Raises:
-            ValueError: keys are missing or unknown (the message lists them), the version
-                or the updater type differs, a value is out of range (named by its key,
-                ``state['policy']['scale']``), or the counters contradict each other.
-            TypeError: a value has the wrong type (a counter that is no integer,
-                ``calibration_pending`` that is no bool); the message names it.
-        """
-        with self._between_steps("load_state_dict()"):
-            self._apply_state(state)
+def state_dict(self) -> Dict[str, Any]:
+    """The updater's whole state as plain Python values, versioned: the policy's (scale,
+    counters, bounds), the precision schedule's, the updater's counters, whether
+    ``scale="auto"`` is still to measure (``calibration_pending``) and measured growth's
+    history (``scale_history``), all of one step: called from another thread during
+    ``update()`` it waits for the step to end; from the step's own feeder or monitor it
+    is refused (``RuntimeError``). Parameters and solver states: :meth:`save_checkpoint`."""
+    with self._lock.held(_owner(self), "state_dict()", save=True):
+        return _state_of(self)
 
-    def _apply_state(self, state: Mapping[str, Any]) -> None:
-        """:meth:`load_state_dict` with the updater to itself."""
-        checked = self._check_state(state)
-        policy_state = checked["policy"]
-        warn_lowered(checked["lowered"], self._dtype)
-        warn_replaced_settings(self._policy, policy_state, checked["calibration_pending"],
-                               self._meter.auto_scale)
-        self._policy.load_state_dict(policy_state, name=POLICY)
-        if self._schedule is not None:
-            self._schedule.load_state_dict(state["precision"])
-        self._steps, self._updates, self._skipped_steps = (
-            checked["steps"], checked["updates"], checked["skipped_steps"])
-        self._meter.load_state_dict(checked)
-        self._collapse.overflow_streak = checked["overflow_streak"]
-        self._collapse.longest_overflow_streak = checked["longest_overflow_streak"]
-        self._collapse.bad_batches = checked["bad_batches"]
 
-    def _check_state(self, state: Mapping[str, Any]) -> Dict[str, Any]:
-        """:func:`check_all` of ``state``; versions as :func:`current` says."""
-        return check_all(state, type(self).__name__, self._policy, self._schedule,
-                         self._meter.auto_scale, self._dtype)
+def _state_of(self) -> Dict[str, Any]:
+    """:func:`state_dict` with the updater to itself."""
+    return {"version": VERSION, "updater": _owner(self),
+            "policy": self._policy.state_dict(),
+            "precision": None if self._schedule is None else self._schedule.state_dict(),
+            "steps": self._steps, "updates": self._updates,
+            "skipped_steps": self._skipped_steps,
+            "overflow_streak": self._collapse.overflow_streak,
+            "longest_overflow_streak": self._collapse.longest_overflow_streak,
+            "bad_batches": self._collapse.bad_batches,
+            **self._meter.state_dict()}
 
-    def save_checkpoint(self, path: str) -> None:
-        """Writes parameters, solver states and updater state to ``path`` atomically.
 
-        Written beside ``path`` as ``.<name>.tmp`` (a killed save's is replaced), flushed
-        and renamed over ``path``: a crash leaves the previous checkpoint or the new one.
-        A new file gets the umask's permissions, an existing one keeps its own, a
-        symlink's target is replaced. The format: :mod:`nnabla_mpt.files.checkpoint`.
+def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    """Restores what :meth:`state_dict` returned; all or nothing. The policy's settings
+    (``N``, ``max_scale``, ...) come from ``state``, and a calibration still due makes
+    the next step measure (``scale="auto"``) where this updater was given a number: one
+    warning names each setting replaced; a scale the loss's dtype cannot seed is
+    lowered, with a warning (:func:`within_dtype`). Refused during ``update()`` (from its
+    feeder, its monitor or another thread).
 
-        Raises:
-            TypeError, ValueError: ``path`` is not a path (not a str or PathLike, '', NUL).
-            OSError: no folder, or a folder, FIFO, device or socket at ``path`` (left as it
-                is; checked first), or writing failed (the old file stays); names ``path``.
-        """
-        checkpoint.save(path, self._params, self._solver, self.state_dict())
+    Raises:
+        ValueError: keys are missing or unknown (the message lists them), the version
+            or the updater type differs, a value is out of range (named by its key,
+            ``state['policy']['scale']``), or the counters contradict each other.
+        TypeError: a value has the wrong type (a counter that is no integer,
+            ``calibration_pending`` that is no bool); the message names it.
+    """
+    with self._lock.held(_owner(self), "load_state_dict()"):
+        _apply_state(self, state)
 
-    def load_checkpoint(self, path: str) -> None:
-        """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state;
-        all checked first, each array from its header before it is read (settings it
-        changes are logged as by :meth:`load_state_dict`).
 
-        Raises:
-            OSError, TypeError: as :meth:`save_checkpoint` (no file: ``FileNotFoundError``).
-            ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, holds inf or
-                NaN, or its parameters, solver states or updater state do not match this
-                updater (the message names ``path`` and the arrays). Nothing is changed.
-        """
-        with self._between_steps("load_checkpoint()"):
-            state = checkpoint.load(path, self._params, self._solver, self._check_state)
-            self._apply_state(state)
+def _apply_state(self, state: Mapping[str, Any]) -> None:
+    """:func:`load_state_dict` with the updater to itself."""
+    checked = _check_state(self, state)
+    policy_state = checked["policy"]
+    warn_lowered(checked["lowered"], self._dtype)
+    warn_replaced_settings(self._policy, policy_state, checked["calibration_pending"],
+                           self._meter.auto_scale)
+    self._policy.load_state_dict(policy_state, name=POLICY)
+    if self._schedule is not None:
+        self._schedule.load_state_dict(state["precision"])
+    self._steps, self._updates, self._skipped_steps = (
+        checked["steps"], checked["updates"], checked["skipped_steps"])
+    self._meter.load_state_dict(checked)
+    self._collapse.overflow_streak = checked["overflow_streak"]
+    self._collapse.longest_overflow_streak = checked["longest_overflow_streak"]
+    self._collapse.bad_batches = checked["bad_batches"]
+
+
+def _check_state(self, state: Mapping[str, Any]) -> Dict[str, Any]:
+    """:func:`check_all` of ``state`` for the updater."""
+    return check_all(state, _owner(self), self._policy, self._schedule, self._dtype)
+
+
+def save_checkpoint(self, path: str) -> None:
+    """Writes parameters, solver states and updater state to ``path`` atomically, all of
+    one step (from another thread during ``update()`` it waits for the step, as
+    :meth:`state_dict` does).
+
+    Written beside ``path`` as ``.<name>.tmp`` (a killed save's is replaced), flushed
+    and renamed over ``path``: a crash leaves the previous checkpoint or the new one.
+    A new file gets the umask's permissions, an existing one keeps its own, a
+    symlink's target is replaced. The format: :mod:`nnabla_mpt.files.checkpoint`.
+
+    Raises:
+        TypeError, ValueError: ``path`` is not a path (not a str or PathLike, '', NUL).
+        OSError: no folder, or a folder, FIFO, device or socket at ``path`` (left as it
+            is; checked first), or writing failed (the old file stays); names ``path``.
+        RuntimeError: called from the feeder or the monitor of a running ``update()``.
+    """
+    with self._lock.held(_owner(self), "save_checkpoint()", save=True):
+        checkpoint.save(path, self._params, self._solver, _state_of(self))
+
+
+def load_checkpoint(self, path: str) -> None:
+    """Restores what :meth:`save_checkpoint` wrote: parameters, solver states, state;
+    all checked first, each array from its header before it is read (settings it
+    changes are logged as by :meth:`load_state_dict`).
+
+    Raises:
+        OSError, TypeError: as :meth:`save_checkpoint` (no file: ``FileNotFoundError``).
+        ValueError: the file is not an nnabla_mpt checkpoint, is corrupted, holds inf or
+            NaN, or its parameters, solver states or updater state do not match this
+            updater (the message names ``path`` and the arrays). Nothing is changed.
+    """
+    with self._lock.held(_owner(self), "load_checkpoint()"):
+        state = checkpoint.load(path, self._params, self._solver,
+                                lambda loaded: _check_state(self, loaded))
+        _apply_state(self, state)

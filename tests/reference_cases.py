@@ -108,8 +108,8 @@ def updater_options(case: dict, float_loss) -> dict:
 
 
 def build(case: dict, scope: str, rank: int = 0, comm=None):
-    """The model, its solver and the updater of ``case`` on ``rank``; the updater records
-    every step's result in ``updater.recorded`` (a monitor)."""
+    """The model, its solver, the updater of ``case`` on ``rank`` and the list its monitor
+    appends every step's result to."""
     model = Model(case["size"], case["precision"], scope, case["events"][rank],
                   twin="accelerate_train_mode" in case, seed=case["seed"],
                   data_seed=case["seed"] * 10 + rank)
@@ -121,28 +121,27 @@ def build(case: dict, scope: str, rank: int = 0, comm=None):
     kwargs["monitor"] = recorded.append
     cls = FixedLossScalingUpdater if case["updater"] == "fixed" else DynamicLossScalingUpdater
     updater = cls(solver, model.loss, model.feeder, comm=comm, **kwargs)
-    updater.recorded = recorded
-    return model, solver, updater
+    return model, solver, updater, recorded
 
 
 def run_case(case: dict, scope: str = "ref", mpi=None, comm=None) -> List[str]:
     """Trains ``case`` and checks every step; returns the kind of every step (for the
     coverage of the sample). ``mpi``: the mpi4py communicator the reference sums with;
     ``comm``: the updater's communicator."""
-    model, solver, updater = build(case, scope, 0 if mpi is None else mpi.rank, comm)
+    model, solver, updater, recorded = build(case, scope, 0 if mpi is None else mpi.rank, comm)
     ref = ReferenceStep(model, case, mpi)
     seen = []
     for call in range(case["steps"]):
         before, states, first = model.snapshot(), solver_states(solver), model.calls
-        updater.recorded.clear()
+        recorded.clear()
         result = updater.update()
         after = model.snapshot()
         where = f"case {case['seed']} update() #{call}"
-        assert updater.recorded[-1] is result, where
+        assert recorded[-1] is result, where
         model.restore(before)
-        expected = ref.call(updater.recorded, first)
+        expected = ref.call(recorded, first)
         passes = model.snapshot()       # the running statistics after the reference's passes
-        compare_results(case, updater.recorded, expected, where)
+        compare_results(case, recorded, expected, where)
         assert (updater.steps, updater.updates, updater.skipped_steps) == (
             ref.steps, ref.updates, ref.steps - ref.updates), where
         check_parameters(case, ref, (before, after, passes), (states, solver_states(solver)),

@@ -94,7 +94,7 @@ def f(x):
     assert sorted(code_lines(source)) == [2, 5, 8, 9]
 
 
-@pytest.mark.parametrize("name", ["updater.py", "options.py", "distributed/agreement.py",
+@pytest.mark.parametrize("name", ["updater.py", "step_loop.py", "distributed/agreement.py",
                                   "step/collapse.py", "files/checkpoint.py",
                                   "files/atomic_file.py", "step/unscale.py"])
 def test_the_step_loop_has_no_file_io_outside_the_checkpoint_modules(name):
@@ -110,7 +110,7 @@ def test_the_step_loop_has_no_file_io_outside_the_checkpoint_modules(name):
 # -- the folders are layers ------------------------------------------------------------------
 
 FOLDERS = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-STEP_LOOP = {"nnabla_mpt.updater", "nnabla_mpt.options", "nnabla_mpt.settings"}
+STEP_LOOP = {"nnabla_mpt.updater", "nnabla_mpt.step_loop", "nnabla_mpt.settings"}
 
 
 def declared_imports(folder):
@@ -225,7 +225,7 @@ def test_the_circle_check_finds_a_circle_and_counts_type_checking_imports():
                      "    from .updater import StepResult\nfrom . import options\n")
     assert [n.names[0].name for n in all_imports(tree)] == ["TYPE_CHECKING", "options",
                                                             "StepResult"]
-    assert "nnabla_mpt.options" in module_imports()["nnabla_mpt.settings"]
+    assert "nnabla_mpt.settings" in module_imports()["nnabla_mpt.updater"]
     # the monitor reads StepResult for types only, from below the loop
     assert "nnabla_mpt.step.result" in module_imports()["nnabla_mpt.monitoring"]
     assert "nnabla_mpt.updater" not in module_imports()["nnabla_mpt.monitoring"]
@@ -261,7 +261,7 @@ def test_the_declared_layers_have_no_circle():
 @pytest.mark.parametrize("folder,source", [
     ("core", "from ..scale import policy\n"),                 # an undeclared folder
     ("scale", "def f():\n    from ..updater import StepResult\n"),   # the loop, lazily
-    ("scale", "from .. import options\n"),                     # the loop's options
+    ("scale", "from .. import settings\n"),                    # the loop's settings
     ("step", "from ..settings import UpdaterSettings\n"),
     ("files", "import nnabla_mpt.updater_state\n"),             # the top, by its full name
     ("diagnosis", "from nnabla_mpt.distributed import communicator\n"),

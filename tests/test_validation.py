@@ -11,8 +11,8 @@ import nnabla.solvers as S
 
 import nnabla_mpt
 from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScale,
-                        FixedLossScalingUpdater, OverflowDetector, OverflowHandling,
-                        PrecisionSchedule)
+                        FixedLossScalingUpdater, GradientReduction, OverflowDetector,
+                        OverflowHandling, PrecisionSchedule)
 from support import Net
 
 PACKAGE_DIR = pathlib.Path(nnabla_mpt.__file__).parent
@@ -41,15 +41,9 @@ DYNAMIC_CASES = [
     (dict(scale=0.5), ValueError,
      r"^scale must lie in \[min_scale, max_scale\] = \[1, 1\.67772e\+07\], got scale=0\.5$"),
     (dict(scale=2 ** 25), ValueError, r"scale must lie in .*got scale=33554432$"),
-    (dict(scale=3.0, min_scale=4.0), ValueError,
-     r"^scale must lie in \[min_scale, max_scale\] = \[4, .*got scale=3\.0$"),
     (dict(scaling_factor=1.0), ValueError, r"^scaling_factor must be > 1, got 1\.0$"),
     (dict(scaling_factor=0.5), ValueError, r"^scaling_factor must be > 1, got 0\.5$"),
     (dict(scaling_factor=False), TypeError, r"^scaling_factor must be a real number, got False"),
-    (dict(backoff_factor=1.0), ValueError, r"^backoff_factor must be > 0 and < 1, got 1\.0$"),
-    (dict(backoff_factor=0), ValueError, r"^backoff_factor must be > 0 and < 1, got 0$"),
-    (dict(backoff_factor=-0.5), ValueError, r"^backoff_factor must be > 0 and < 1, got -0\.5$"),
-    (dict(backoff_factor=2), ValueError, r"^backoff_factor must be > 0 and < 1, got 2$"),
     (dict(N=0), ValueError, r"^N must be >= 1, got 0$"),
     (dict(N=-3), ValueError, r"^N must be >= 1, got -3$"),
     (dict(N=2.5), TypeError, r"^N must be an integer, got 2\.5 of type float$"),
@@ -58,27 +52,11 @@ DYNAMIC_CASES = [
     (dict(accum_grad=0), ValueError, r"^accum_grad must be >= 1, got 0$"),
     (dict(accum_grad=1.0), TypeError, r"^accum_grad must be an integer, got 1\.0 of type float$"),
     (dict(accum_grad="2"), TypeError, r"^accum_grad must be an integer, got '2' of type str$"),
-    (dict(min_scale=4.0, max_scale=2.0), ValueError,
-     r"^min_scale must be <= max_scale, got min_scale=4\.0 and max_scale=2\.0$"),
-    (dict(min_scale=0), ValueError, r"^min_scale must be > 0, got 0$"),
-    (dict(max_scale=-1), ValueError, r"^max_scale must be > 0, got -1$"),
-    (dict(hysteresis=0), ValueError, r"^hysteresis must be >= 1, got 0$"),
-    (dict(hysteresis=1.5), TypeError, r"^hysteresis must be an integer, got 1\.5"),
-    (dict(overflow_mode="saturate"), ValueError,
-     r"^OverflowHandling\.mode must be one of 'inf_nan', 'saturation', got 'saturate'$"),
-    (dict(overflow_mode=None), ValueError, r"^OverflowHandling\.mode must be one of .*got None$"),
     (dict(weight_decay=-1e-4), ValueError, r"^weight_decay must be >= 0, got -0\.0001$"),
     (dict(weight_decay=True), TypeError, r"^weight_decay must be a real number, got True"),
     (dict(clip_grad_norm=0), ValueError, r"^clip_grad_norm must be > 0, got 0$"),
     (dict(clip_grad_norm=-1.0), ValueError, r"^clip_grad_norm must be > 0, got -1\.0$"),
-    (dict(max_retries=-1), ValueError, r"^OverflowHandling\.max_retries must be >= 0, got -1$"),
-    (dict(max_retries=1.5), TypeError,
-     r"^OverflowHandling\.max_retries must be an integer, got 1\.5"),
     (dict(clear_buffer="yes"), TypeError, r"^clear_buffer must be True or False, got 'yes'"),
-    (dict(average_accum=1), TypeError,
-     r"^GradientReduction\.average_accum must be True or False, got 1 "),
-    (dict(average_ranks=None), TypeError,
-     r"^GradientReduction\.average_ranks must be True or False, got None"),
     (dict(data_feeder=3), TypeError, r"^data_feeder must be callable or None, got 3$"),
     (dict(data_feeder="feed"), TypeError, r"^data_feeder must be callable or None, got 'feed'$"),
     (dict(grads=[np.zeros(2)]), TypeError,
@@ -87,11 +65,48 @@ DYNAMIC_CASES = [
     (dict(comm=object()), TypeError,
      r"^comm must be a communicator with all_reduce, size and rank \(missing 'all_reduce'\), "
      r"got object$"),
+    (dict(policy={"min_scale": 4.0}), TypeError,
+     r"^policy must be None or a nnabla_mpt\.DynamicLossScale, got \{'min_scale': 4\.0\} "
+     r"of type dict$"),
+    (dict(overflow="saturation"), TypeError,
+     r"^overflow must be None or a nnabla_mpt\.OverflowHandling, got 'saturation' of type str$"),
+    (dict(reduction=True), TypeError,
+     r"^reduction must be None or a nnabla_mpt\.GradientReduction, got True of type bool$"),
+    (dict(schedule="fast|step|0.9"), TypeError,
+     r"^schedule must be None or a nnabla_mpt\.PrecisionSchedule, got 'fast\|step\|0\.9'"),
+    (dict(scaling_factor=3.0, policy=DynamicLossScale()), TypeError,
+     r"^got policy= and scaling_factor=: the policy holds them"),
+    (dict(scale=16.0, N=10, policy=DynamicLossScale()), TypeError,
+     r"^got policy= and scale=, N=: the policy holds them"),
+    (dict(growth_mode="measured", policy=DynamicLossScale()), TypeError,
+     r"^got policy= and growth_mode=: the policy holds them"),
 ]
 
 
-# Some cases give a keyword that moved into an object: it is checked as before, and warns.
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# The keywords an earlier version took besides their objects are no parameters: Python's
+# own TypeError names each one.
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+@pytest.mark.parametrize("keyword, value", [
+    ("min_scale", 2.0), ("max_scale", 2.0 ** 10), ("backoff_factor", 0.25), ("hysteresis", 2),
+    ("overflow_mode", "saturation"), ("max_retries", 2), ("floor_policy", "warn"),
+    ("diagnose_after", 2), ("average_accum", True), ("average_ranks", True),
+    ("all_reduce_callback", 1024), ("shared_grads", False), ("abort_on_exception", False),
+    ("accelerate_train_mode", "fast|step|0.9"), ("total_steps", 10), ("final_loss", 0.1),
+    ("high_precision_loss", None)])
+def test_a_former_keyword_is_a_type_error(net, cls, keyword, value):
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}\.__init__\(\) got an unexpected "
+                                        rf"keyword argument '{keyword}'$"):
+        cls(net.solver("Sgd", lr=0.1), net.loss, **{keyword: value})
+
+
+def test_a_policy_given_may_go_with_scale_auto_and_is_the_one_the_updater_runs(net):
+    policy = DynamicLossScale(growth_interval=3, growth_mode="measured")
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, scale="auto",
+                                        policy=policy)
+    assert updater.policy is policy
+    assert (updater.N, updater.growth_mode) == (3, "measured")
+
+
 @pytest.mark.parametrize("kwargs, exc, message", DYNAMIC_CASES,
                          ids=[next(iter(c[0])) + "=" + repr(next(iter(c[0].values())))[:20]
                               for c in DYNAMIC_CASES])
@@ -126,19 +141,15 @@ FIXED_CASES = [
     (dict(scale=None), TypeError, r"^scale must be a real number, got None"),
     (dict(enable_overflow_check="no"), TypeError,
      r"^enable_overflow_check must be True or False, got 'no'"),
-    (dict(max_retries=2, enable_overflow_check=False), ValueError,
+    (dict(overflow=OverflowHandling(max_retries=2), enable_overflow_check=False), ValueError,
      r"^max_retries=2 needs enable_overflow_check=True"),
     (dict(weight_decay=-1), ValueError, r"^weight_decay must be >= 0, got -1$"),
     (dict(accum_grad=0), ValueError, r"^accum_grad must be >= 1, got 0$"),
     (dict(clip_grad_norm=0.0), ValueError, r"^clip_grad_norm must be > 0, got 0\.0$"),
-    (dict(max_retries=-2), ValueError, r"^OverflowHandling\.max_retries must be >= 0, got -2$"),
-    (dict(overflow_mode="inf"), ValueError,
-     r"^OverflowHandling\.mode must be one of .*got 'inf'$"),
     (dict(data_feeder=[1]), TypeError, r"^data_feeder must be callable or None, got \[1\]$"),
 ]
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("kwargs, exc, message", FIXED_CASES,
                          ids=[",".join(f"{k}={v!r}" for k, v in c[0].items())
                               for c in FIXED_CASES])
@@ -270,6 +281,10 @@ def test_fixed_scale_setter_is_checked(net):
 @pytest.mark.parametrize("kwargs, exc, message", [
     (dict(init_scale=0.5), ValueError, r"^init_scale must lie in .*got 0\.5$"),
     (dict(init_scale=-1), ValueError, r"^init_scale must be > 0, got -1$"),
+    (dict(backoff_factor=0), ValueError, r"^backoff_factor must be > 0 and < 1, got 0$"),
+    (dict(backoff_factor=-0.5), ValueError, r"^backoff_factor must be > 0 and < 1, got -0\.5$"),
+    (dict(hysteresis=1.5), TypeError, r"^hysteresis must be an integer, got 1\.5"),
+    (dict(max_scale=-1), ValueError, r"^max_scale must be > 0, got -1$"),
     (dict(growth_factor=1), ValueError, r"^growth_factor must be > 1, got 1$"),
     (dict(backoff_factor=1), ValueError, r"^backoff_factor must be > 0 and < 1, got 1$"),
     (dict(growth_interval=0), ValueError, r"^growth_interval must be >= 1, got 0$"),
@@ -282,6 +297,25 @@ def test_fixed_scale_setter_is_checked(net):
 def test_dynamic_policy_arguments(kwargs, exc, message):
     with pytest.raises(exc, match=message):
         DynamicLossScale(**kwargs)
+
+
+@pytest.mark.parametrize("make, exc, message", [
+    (lambda: OverflowHandling(mode="saturate"), ValueError,
+     r"^OverflowHandling\.mode must be one of 'inf_nan', 'saturation', got 'saturate'$"),
+    (lambda: OverflowHandling(mode=None), ValueError,
+     r"^OverflowHandling\.mode must be one of .*got None$"),
+    (lambda: OverflowHandling(max_retries=-1), ValueError,
+     r"^OverflowHandling\.max_retries must be >= 0, got -1$"),
+    (lambda: OverflowHandling(max_retries=1.5), TypeError,
+     r"^OverflowHandling\.max_retries must be an integer, got 1\.5"),
+    (lambda: GradientReduction(average_accum=1), TypeError,
+     r"^GradientReduction\.average_accum must be True or False, got 1 "),
+    (lambda: GradientReduction(average_ranks=None), TypeError,
+     r"^GradientReduction\.average_ranks must be True or False, got None"),
+])
+def test_option_objects_check_their_fields_where_they_are_made(make, exc, message):
+    with pytest.raises(exc, match=message):
+        make()
 
 
 def test_fixed_policy_and_detector_arguments():

@@ -3,96 +3,133 @@
 ``loss.backward(scale)`` seeds the backward pass in the loss's dtype: no scale above the
 largest power of two that dtype holds (``2**15`` in float16), and none below its smallest
 positive value, reaches the gradients as given. The updaters build their policy here, from
-settings already checked one by one, and check the bounds against each other and the dtype.
+arguments checked where they are made, and check the bounds against the dtype.
 """
-from typing import Any, Dict, FrozenSet, Mapping, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 from nnabla.logger import logger
 
 from ..core import _validate as check
 from ..core.dtypes import FloatType
-from .policy import (DEFAULT_HYSTERESIS, DEFAULT_MAX_SCALE, DEFAULT_MIN_SCALE,
-                     DynamicLossScale, FixedLossScale)
+from .policy import (DEFAULT_MAX_SCALE, DEFAULT_MIN_SCALE, GROWTH_MODES, DynamicLossScale,
+                     FixedLossScale)
 
-#: The dynamic updater's options that make its policy (:func:`policy_settings`) and go
-#: no further.
-OPTIONS = ("policy", "growth_mode", "scaling_factor", "N")
-#: The keys of the settings :func:`dynamic_policy` takes: ``scale`` (a number or
-#: ``"auto"``) and the settings of :class:`DynamicLossScale` (:attr:`~DynamicLossScale.SETTINGS`).
-SETTINGS = ("scale",) + DynamicLossScale.SETTINGS
+#: The dynamic updater's defaults of nnabla's ``scale``, ``scaling_factor`` and ``N``, and of
+#: ``growth_mode``: with ``policy=``, the policy holds them and these stay as they are.
+NNABLA_DEFAULTS = {"scale": 8.0, "scaling_factor": 2.0, "N": 2000, "growth_mode": "probe"}
 
 
-def policy_settings(owner: str, values: Mapping[str, Any], given: Mapping[str, Any],
-                     passed: FrozenSet[str], moved: Mapping[str, Any]) -> Tuple[Dict, Dict]:
-    """``(settings, shown)`` of the dynamic policy, from the checked ``values`` of its
-    options (:data:`OPTIONS`): the settings of ``policy=`` where given
-    (nnabla's arguments that it holds must not be given then, ``scale="auto"`` aside), else
-    those of nnabla's arguments, ``growth_mode`` and the moved keywords (``moved``, checked
-    here; as given in ``given``), with their defaults."""
-    policy, growth_mode, factor, interval = (values[name] for name in OPTIONS)
-    if policy is not None:
-        clash = [name for name in ("scale", "scaling_factor", "N", "growth_mode")
-                 if name in passed and not (name == "scale" and values["scale"] == "auto")]
+def checked_scale(value: Any) -> Union[float, str]:
+    """The dynamic updater's ``scale``: a number > 0 or ``"auto"``."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"scale must be a positive number or 'auto', got {value!r}")
+        return value
+    return check.real("scale", value, gt=0.0)
+
+
+@dataclass(frozen=True)
+class DynamicPolicyArguments:
+    """The dynamic updater's arguments that make its policy, checked when made: nnabla's
+    ``scale``, ``scaling_factor`` and ``N`` with ``growth_mode``, or a ``policy`` (a
+    :class:`DynamicLossScale`, which holds all of them; ``scale="auto"`` may go with it).
+    :meth:`policy_for` makes the policy the updater runs, or bounds the one given.
+
+    Attributes:
+        max_scale: The upper bound asked for (the policy's, or the default ``2**24``),
+            before the loss's dtype lowers it.
+    """
+    scale: Any = 8.0
+    scaling_factor: Any = 2.0
+    N: Any = 2000
+    growth_mode: Any = "probe"
+    policy: Optional[DynamicLossScale] = None
+    max_scale: float = field(init=False, default=DEFAULT_MAX_SCALE)
+
+    def __post_init__(self) -> None:
+        scale = checked_scale(self.scale)
+        if self.policy is not None:
+            self._check_policy()
+            object.__setattr__(self, "max_scale", self.policy.max_scale)
+            return
+        check.real("scaling_factor", self.scaling_factor, gt=1.0)
+        check.integer("N", self.N, ge=1)
+        check.choice("growth_mode", self.growth_mode, GROWTH_MODES)
+        if scale != "auto" and not DEFAULT_MIN_SCALE <= scale <= DEFAULT_MAX_SCALE:
+            raise ValueError(f"scale must lie in [min_scale, max_scale] = "
+                             f"[{DEFAULT_MIN_SCALE:g}, {DEFAULT_MAX_SCALE:g}], got "
+                             f"scale={self.scale!r}")
+
+    def _check_policy(self) -> None:
+        if not isinstance(self.policy, DynamicLossScale):
+            raise TypeError(f"policy must be None or a nnabla_mpt.DynamicLossScale, got "
+                            f"{self.policy!r} of type {type(self.policy).__name__}")
+        clash = [name for name, default in NNABLA_DEFAULTS.items()
+                 if getattr(self, name) != default
+                 and not (name == "scale" and self.scale == "auto")]
         if clash:
-            raise TypeError(f"{owner}() got policy= and {'=, '.join(clash)}=: the policy holds "
-                            f"them (init_scale, growth_factor, growth_interval, growth_mode); "
-                            f"set them in the DynamicLossScale, or leave policy= out "
+            raise TypeError(f"got policy= and {'=, '.join(clash)}=: the policy holds them "
+                            f"(init_scale, growth_factor, growth_interval, growth_mode); set "
+                            f"them in the DynamicLossScale, or leave policy= out "
                             f"(scale='auto' may go with it)")
-        settings = {name: getattr(policy, name) for name in DynamicLossScale.SETTINGS}
-        settings["scale"] = "auto" if values["scale"] == "auto" else policy.loss_scale
-        return settings, dict(settings)
-    settings = dict({"scale": values["scale"], "growth_factor": factor,
-                     "growth_interval": interval, "growth_mode": growth_mode,
-                     "hysteresis": DEFAULT_HYSTERESIS, "min_scale": DEFAULT_MIN_SCALE,
-                     "max_scale": DEFAULT_MAX_SCALE,
-                     "backoff_factor": 1.0 / factor},
-                    **{name: _MOVED_CHECKS[name](name, value) for name, value in moved.items()
-                       if value is not None})
-    shown = dict(settings, scale=given["scale"], **{name: given[name] for name in moved})
-    return settings, shown
+
+    def policy_for(self, dtype: FloatType) -> DynamicLossScale:
+        """The policy the updater runs: the one given (itself, not a copy) or one made of
+        nnabla's arguments (backing off by ``1 / scaling_factor``), bounded by ``dtype``,
+        the loss's type (:func:`bound_to`)."""
+        policy = self.policy
+        if policy is None:
+            factor = float(self.scaling_factor)
+            start = DEFAULT_MAX_SCALE if self.scale == "auto" else self.scale
+            policy = DynamicLossScale(init_scale=start, growth_factor=factor,
+                                      backoff_factor=1.0 / factor, growth_interval=self.N,
+                                      growth_mode=self.growth_mode)
+        return bound_to(policy, dtype, self.scale == "auto",
+                        policy.loss_scale if self.policy is not None else self.scale)
 
 
-#: The checks of the policy's settings that the dynamic updater took as keywords (a
-#: ``backoff_factor`` of None is the default, ``1 / scaling_factor``).
-_MOVED_CHECKS = {
-    "backoff_factor": lambda name, value: check.real(name, value, gt=0.0, lt=1.0),
-    "hysteresis": lambda name, value: check.integer(name, value, ge=1),
-    "min_scale": lambda name, value: check.real(name, value, gt=0.0),
-    "max_scale": lambda name, value: check.real(name, value, gt=0.0)}
-
-
-def dynamic_policy(settings: Mapping[str, Any], shown: Mapping[str, Any],
-                   dtype: FloatType) -> DynamicLossScale:
-    """The dynamic updater's policy from ``settings`` (:data:`SETTINGS`, each checked;
-    ``shown``: the same as the user gave them, for the messages), its bounds checked
-    against each other and against ``dtype``, the loss's type: its upper bound is
-    ``min(max_scale, ceiling)``, the largest power of two ``dtype`` holds; ``"auto"``
-    starts there until the first step measures; a larger scale is lowered to it (an info
-    line); a scale below the dtype's smallest positive value is refused."""
-    lo, hi, scale = settings["min_scale"], settings["max_scale"], settings["scale"]
+def bound_to(policy: DynamicLossScale, dtype: FloatType, auto: bool,
+             shown: Any) -> DynamicLossScale:
+    """``policy`` with its bounds checked against ``dtype``, the loss's type: its upper
+    bound lowered to the largest power of two ``dtype`` holds; with ``auto``
+    (``scale="auto"``) its scale starts there until the first step measures; a larger
+    scale (given as ``shown``) is lowered to it (an info line); a ``min_scale`` or scale
+    the dtype cannot seed is refused."""
     ceiling = dtype.max_power_of_two
-    if lo > hi:
-        raise ValueError(f"min_scale must be <= max_scale, got min_scale="
-                         f"{shown['min_scale']!r} and max_scale={shown['max_scale']!r}")
-    if lo > ceiling:
-        raise ValueError(f"min_scale={shown['min_scale']!r} is above {ceiling:g}, the largest "
+    if policy.min_scale > ceiling:
+        raise ValueError(f"min_scale={policy.min_scale!r} is above {ceiling:g}, the largest "
                          f"power of two the loss's dtype holds: backward(scale) would seed "
                          f"inf at every scale allowed")
-    for name in ("scale", "min_scale"):
-        seedable(name, shown[name], settings[name], dtype)
-    if scale != "auto" and not lo <= scale <= hi:
-        raise ValueError(f"scale must lie in [min_scale, max_scale] = [{lo:g}, {hi:g}], "
-                         f"got scale={shown['scale']!r}")
-    upper = min(hi, ceiling)
-    if scale == "auto":
-        scale = upper    # until the first step measures it
-    elif scale > upper:
-        logger.info(f"nnabla_mpt: scale={shown['scale']!r} is above {ceiling:g}, the largest "
+    if not auto:
+        seedable("scale", shown, policy.loss_scale, dtype)
+    seedable("min_scale", policy.min_scale, policy.min_scale, dtype)
+    upper = min(policy.max_scale, ceiling)
+    scale = upper if auto else policy.loss_scale
+    if not auto and scale > upper:
+        logger.info(f"nnabla_mpt: scale={shown!r} is above {ceiling:g}, the largest "
                     f"power of two the loss's dtype holds (backward(scale) seeds the pass "
                     f"in that dtype): starting at {upper:g}")
         scale = upper
-    policy_settings = {name: settings[name] for name in DynamicLossScale.SETTINGS}
-    return DynamicLossScale(init_scale=scale, **dict(policy_settings, max_scale=upper))
+    policy.set_loss_scale(scale)
+    policy.max_scale = upper
+    policy._seed_bounds = (dtype.smallest, ceiling)    # later assignments are held to them
+    return policy
+
+
+@dataclass(frozen=True)
+class FixedScale:
+    """The fixed updater's ``scale``, checked when made (``>= 1``);
+    :meth:`policy_for` makes its policy."""
+    scale: Any = 128.0
+    max_scale = None
+
+    def __post_init__(self) -> None:
+        FixedLossScale(self.scale)
+
+    def policy_for(self, dtype: FloatType) -> FixedLossScale:
+        """The policy of the scale, which the loss's dtype ``dtype`` must be able to seed."""
+        return fixed_policy(self.scale, self.scale, dtype)
 
 
 def fixed_policy(scale: float, shown: Any, dtype: FloatType) -> FixedLossScale:

@@ -22,8 +22,7 @@ from typing import Any, Callable, Dict, Literal, Mapping, Optional, Tuple
 from ..core import _validate as check
 from ..core.dtypes import FLOATS
 
-_DYNAMIC_STATE_VERSION = 2   # 2: growth_mode
-_FIXED_STATE_VERSION = 1
+_DYNAMIC_STATE_VERSION = _FIXED_STATE_VERSION = 1
 
 #: The largest scale any policy takes or produces: a loss scale is a finite float32.
 SCALE_LIMIT = FLOATS["float32"].max
@@ -121,6 +120,30 @@ class DynamicLossScale:
             settings, lambda key: "init_scale" if key == "scale" else key))
         self._good_steps = 0
         self._hysteresis_left = self.hysteresis
+        self._seed_bounds = (0.0, math.inf)     # what the loss can seed, once bounded
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A setting (:attr:`SETTINGS`) assigned is checked with the others, as the
+        constructor checks it, and against what the loss can seed once an updater runs the
+        policy (:func:`~nnabla_mpt.scale.bounded_policy.bound_to`); refused, nothing
+        changes. Another public attribute is refused too: a policy has no other."""
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
+        if name not in self.SETTINGS:
+            raise AttributeError(f"DynamicLossScale has no setting {name!r} ({name} = "
+                                 f"{value!r} refused); its settings: "
+                                 f"{', '.join(self.SETTINGS)}")
+        values = dict({key: getattr(self, key) for key in self.SETTINGS}, scale=self._scale)
+        values[name] = value
+        try:
+            fields = _checked_dynamic(values, lambda key: key)
+            _within_seed(fields, self._seed_bounds)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"DynamicLossScale.{name} = {value!r} refused: {error}") from None
+        self.__dict__.update(fields)
+        self._good_steps = min(self._good_steps, self.growth_interval - 1)
+        self._hysteresis_left = min(self._hysteresis_left, self.hysteresis)
 
     @property
     def loss_scale(self) -> float:
@@ -135,8 +158,7 @@ class DynamicLossScale:
     def set_growth_interval(self, growth_interval: int) -> None:
         """Sets ``growth_interval`` (checked, ``>= 1``); a count of good steps already at
         it or beyond is kept just below it, so the next good step grows the scale."""
-        self.growth_interval = check.integer("growth_interval", growth_interval, ge=1)
-        self._good_steps = min(self._good_steps, self.growth_interval - 1)
+        self.growth_interval = growth_interval
 
     @property
     def good_steps(self) -> int:
@@ -208,11 +230,9 @@ class DynamicLossScale:
     def load_state_dict(self, state: Mapping[str, Any], *, name: str = "state") -> None:
         """Restores what :meth:`state_dict` returned; all or nothing.
 
-        A state of version 1 (before ``growth_mode`` existed) loads as ``"probe"``.
         ``name``: how messages name the state (``"state['policy']"`` in an updater's
         state); a value is named by its key in it, e.g. ``state['scale']``.
         """
-        state = _upgraded(state)
         _check_kind(state, self.kind, name)
         check.exact_keys(name, state, self._STATE_KEYS)
         check.version(name, state, _DYNAMIC_STATE_VERSION)
@@ -232,7 +252,6 @@ class DynamicLossScale:
         """The settings (:attr:`SETTINGS`) that loading ``state``, a state
         :meth:`load_state_dict` accepts, would change: ``name -> (value here, value in
         state)``, in the order of :attr:`SETTINGS`."""
-        state = _upgraded(state)
         return {name: (getattr(self, name), state[name]) for name in self.SETTINGS
                 if state[name] != getattr(self, name)}
 
@@ -268,6 +287,19 @@ def _checked_dynamic(values: Mapping[str, Any], name: Callable[[str], str]) -> D
     return fields
 
 
+def _within_seed(fields: Mapping[str, Any], bounds: Tuple[float, float]) -> None:
+    """Refuses bounds outside ``bounds``, the smallest and the largest scale the loss's
+    dtype can seed (``loss.backward(scale)`` seeds the pass in that dtype)."""
+    smallest, ceiling = bounds
+    if fields["max_scale"] > ceiling:
+        raise ValueError(f"max_scale={fields['max_scale']:g} is above {ceiling:g}, the largest "
+                         f"power of two the loss's dtype holds: backward(scale) would seed inf")
+    if fields["min_scale"] < smallest:
+        raise ValueError(f"min_scale={fields['min_scale']:g} is below {smallest:g}, the "
+                         f"smallest positive value of the loss's dtype: backward(scale) "
+                         f"would seed 0")
+
+
 def _scale_in(name: str, scale: Any, min_scale: float, max_scale: float) -> float:
     """``scale``, checked to lie in ``[min_scale, max_scale]``."""
     value = _scale_value(name, scale, gt=0.0)
@@ -281,15 +313,6 @@ def _check_kind(state: Any, kind: str, name: str = "state") -> None:
     """A state saved by a policy of another kind is refused first, naming both kinds."""
     if isinstance(state, Mapping) and state.get("kind", kind) != kind:
         raise ValueError(f"{name} is for a {state['kind']!r} policy, not {kind!r}")
-
-
-def _upgraded(state: Any) -> Any:
-    """A dynamic policy's state of version 1 as version 2: ``growth_mode="probe"``, the
-    only growth there was."""
-    if (isinstance(state, Mapping) and state.get("version") == 1
-            and state.get("kind") == "dynamic" and "growth_mode" not in state):
-        return dict(state, version=_DYNAMIC_STATE_VERSION, growth_mode="probe")
-    return state
 
 
 class FixedLossScale:

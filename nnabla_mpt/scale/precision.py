@@ -164,19 +164,6 @@ class PrecisionSchedule:
                                  f"mode={mode!r} uses 'loss'")
             self.final_loss = check.real("final_loss", final_loss, gt=0.0)
 
-    @classmethod
-    def of_keywords(cls, mode: Optional[str] = None, **fields: Any
-                    ) -> Optional["PrecisionSchedule"]:
-        """The schedule that the updaters' former keywords ask for (``mode`` from
-        ``accelerate_train_mode``, with ``total_steps``, ``final_loss``,
-        ``high_precision_loss``), or None without a mode (where none of them may be
-        given)."""
-        given = [f"{name}={value!r}" for name, value in fields.items() if value is not None]
-        if mode is None and given:
-            raise ValueError(f"{given[0]} needs accelerate_train_mode (e.g. 'fast|step|0.9'), "
-                             f"which is None")
-        return None if mode is None else cls(mode, **fields)
-
     @property
     def loss_threshold(self) -> Optional[float]:
         """Loss trigger: the loss at or below which the run switches."""

@@ -1,9 +1,10 @@
 """The graphs of a precision schedule, checked against the updater's loss and parameters:
 the reduced-precision loss in half, the full-precision one in float, sharing the
 parameters (:class:`~nnabla_mpt.scale.precision.PrecisionSchedule` decides when to switch)."""
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import nnabla as nn
+from nnabla.logger import logger
 
 from ..core import graph
 from ..core.loss_and_solver import computed_loss
@@ -13,8 +14,8 @@ from .precision import PrecisionSchedule
 def updater_schedule(given: Optional[PrecisionSchedule], loss: "nn.Variable",
                      params: Mapping[str, "nn.Variable"],
                      outputs: Sequence["nn.Variable"]) -> Optional[PrecisionSchedule]:
-    """The updater's own schedule, built from the arguments of ``given`` (None without
-    one), checked against ``loss``, the solver's ``params`` and the ``outputs`` option."""
+    """``given``, the schedule the updater runs (None without one), checked against
+    ``loss``, the solver's ``params`` and the ``outputs`` option."""
     if given is None:
         return None
     mode = given.mode.text
@@ -30,9 +31,21 @@ def updater_schedule(given: Optional[PrecisionSchedule], loss: "nn.Variable",
         raise ValueError(f"the precision schedule {mode!r} needs loss built under a half "
                          f"context (get_extension_context(..., type_config='half')); the "
                          f"given loss computes its gradients in float")
-    high = _high_precision_loss(given.high_precision_loss, mode, params)
-    return PrecisionSchedule(mode, total_steps=given.total_steps, final_loss=given.final_loss,
-                             high_precision_loss=high)
+    given.high_precision_loss = _high_precision_loss(given.high_precision_loss, mode, params)
+    return given
+
+
+def graph_at(schedule: Optional[PrecisionSchedule], index: int, loss: "nn.Variable",
+             precision: str) -> Tuple["nn.Variable", str]:
+    """``(loss, precision)`` of step ``index``: the reduced-precision ``loss`` (its
+    gradients in ``precision``), or after the ``schedule``'s switch its full-precision
+    loss (run at scale 1, checked for overflow); the switch says so once, in the log."""
+    if schedule is None or schedule.reduced(index):
+        return loss, precision
+    if index == schedule.switch_step:
+        logger.info(f"nnabla_mpt: precision schedule {schedule.mode.text!r}: "
+                    f"{schedule.describe_switch()}")
+    return schedule.high_precision_loss, "float"
 
 
 def _high_precision_loss(high: Any, mode: str,

@@ -190,31 +190,16 @@ class CollapseWatch:
                 f"check the batches with numpy.isfinite before feeding them.")
 
 
-class CollapseAttributes:
-    """The updaters' counters and report of the collapse handling, read from their
-    :class:`CollapseWatch` (``self._collapse``); its settings, ``floor_policy`` and
-    ``diagnose_after``, are in :mod:`nnabla_mpt.settings`."""
+# -- what an updater shows of its collapse handling (listed by name in its class) ---------
 
-    _collapse: CollapseWatch
-
-    @property
-    def overflow_streak(self) -> int:
-        """Consecutive overflowing steps up to now (a bad batch neither extends nor ends
-        the streak)."""
-        return self._collapse.overflow_streak
-
-    @property
-    def longest_overflow_streak(self) -> int:
-        """The longest streak of overflowing steps so far."""
-        return self._collapse.longest_overflow_streak
-
-    @property
-    def bad_batches(self) -> int:
-        """Steps skipped because their batch held inf/NaN (``StepResult.bad_batch``): no
-        overflow, the scale was kept."""
-        return self._collapse.bad_batches
-
-    @property
-    def last_report(self) -> Optional[OverflowReport]:
-        """The :class:`~nnabla_mpt.OverflowReport` of the last diagnosis, or None."""
-        return self._collapse.last_report
+overflow_streak = property(lambda updater: updater._collapse.overflow_streak, doc=(
+    "Consecutive overflowing steps up to now (a bad batch neither extends nor ends the "
+    "streak)."))
+longest_overflow_streak = property(
+    lambda updater: updater._collapse.longest_overflow_streak,
+    doc="The longest streak of overflowing steps so far.")
+bad_batches = property(lambda updater: updater._collapse.bad_batches, doc=(
+    "Steps skipped because their batch held inf/NaN (``StepResult.bad_batch``): no "
+    "overflow, the scale was kept."))
+last_report = property(lambda updater: updater._collapse.last_report, doc=(
+    "The :class:`~nnabla_mpt.OverflowReport` of the last diagnosis, or None."))

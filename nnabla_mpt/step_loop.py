@@ -1,0 +1,284 @@
+"""The step loop of both updaters: one training step, one decision.
+
+One call of ``update()`` runs the step (:meth:`_LossScalingUpdater.update`)::
+
+    zero the gradients
+    before:       scale="auto" still to measure: calibrate on the first batch;
+                  measured growth: watch the step's backward passes    scale/measured.py
+    accum_grad times: feed a batch, forward (with outputs=), backward with
+                  the loss scale                                           step/step_loss.py
+    decide:       all-reduce (with a communicator), check for overflow distributed/agreement.py
+                  unscale, clip; a gradient norm not finite is an overflow   step/unscale.py
+    good step:    weight decay, the scheduled learning rate, solver.update() step/unscale.py
+    skipped step: parameters and solver states stay as they are
+    after:        tell the policy: the scale backs off or grows (measured growth:
+                  from the history of watched passes)     scale/policy.py, scale/measured.py
+    after a skip: on a collapse, diagnose and act by floor_policy           step/collapse.py
+
+Settings a script changes between steps take effect from the next step; each is a
+property of :mod:`nnabla_mpt.settings`, listed by name in the class.
+
+Both updaters run this loop; they differ in the policy that sets the scale and in their
+arguments, written out in their constructors and checked where they are made
+(:mod:`nnabla_mpt.options`). What a valid updater state is and how it
+is saved, :mod:`nnabla_mpt.updater_state` says.
+"""
+import math
+from typing import Any, Optional, Tuple
+
+import nnabla as nn
+
+from . import settings, updater_state
+from .core import graph
+from .core.loss_and_solver import solver_parameters, trained_loss
+from .diagnosis.watch import RangeWatch
+from .distributed import abort, agreement, launcher
+from .distributed.gradient_reduction import backward_reduction, exchanged_grads
+from .scale.measured import ScaleMeter
+from .scale.precision_graphs import graph_at, updater_schedule
+from .scale.seed import BackwardSeed
+from .step import collapse
+from .step.collapse import CollapseWatch
+from .step.decision import LocalDecision
+from .step.detector import BatchCheck, OverflowDetector, overflow_checks
+from .step.feeder import StaleInputs, install_feeder
+from .step.overflow_handling import check_retries
+from .step.result import StepResult
+from .step.step_loss import LossRecorder, StepLosses
+from .step.unscale import Unscaler
+
+
+class _LossScalingUpdater:
+    """The training step shared by every updater; see the subclasses. Its public
+    attributes are listed below by name: the settings (:mod:`nnabla_mpt.settings`), the
+    counters and the state's methods (:mod:`nnabla_mpt.updater_state`), the collapse
+    handling's counters (:mod:`nnabla_mpt.step.collapse`). Any other public attribute is
+    refused (:meth:`__setattr__`), and so are copies and pickles (:meth:`__reduce_ex__`).
+
+    Args:
+        solver, loss: As the updaters take them.
+        scaling: The scale's arguments: ``scaling.policy_for(dtype)`` makes the loss-scale
+            policy, given the :class:`~nnabla_mpt.core.dtypes.FloatType` of the loss, whose
+            values bound the scales ``loss.backward(scale)`` can seed
+            (:class:`~nnabla_mpt.scale.bounded_policy.DynamicPolicyArguments`,
+            :class:`~nnabla_mpt.scale.bounded_policy.FixedScale`).
+        opts: The checked values of the updater's options (an
+            :class:`~nnabla_mpt.updater.UpdaterOptions`).
+    """
+
+    def __init__(self, solver, loss, scaling: Any, opts: Any) -> None:
+        self._lock = settings.StepLock()
+        self._options = opts
+        self._params = solver_parameters(solver)
+        self._solver = solver
+        self._loss = trained_loss(loss, self._params)
+        self._precision = graph.gradient_precision(self._loss, self._params)
+        self._schedule = updater_schedule(opts.schedule, self._loss, self._params,
+                                          opts.outputs)
+        self._high_precision_loss = getattr(self._schedule, "high_precision_loss", None)
+        graphs = [v for v in (self._loss, self._high_precision_loss) if v is not None]
+        self._passes = {id(v): (LossRecorder(v, opts.accum_grad, opts.outputs),
+                                BackwardSeed(v)) for v in graphs}
+        self._dtype = graph.float_type_of(self._loss)
+        check_retries(opts.overflow.max_retries, opts.enable_overflow_check)
+        self._policy = scaling.policy_for(self._dtype)
+        install_feeder(self, opts.data_feeder)
+        self._stale = StaleInputs(graph.data_inputs(self._loss, self._params))
+        self._clear_buffer, self._accum_grad = opts.clear_buffer, opts.accum_grad
+        self._max_retries = opts.overflow.max_retries
+        self._average_accum = opts.reduction.average_accum
+        self._monitor = opts.monitor
+        batch = BatchCheck([self._loss, self._high_precision_loss], self._params)
+        self._set_up_reduction(opts, graphs, batch)
+        self._unscaler = Unscaler(solver, self._params, graph.float_context(self._loss),
+                                  opts.accum_grad, self._average_accum, opts.clip_grad_norm,
+                                  opts.weight_decay, opts.lr_scheduler)
+        self._collapse = CollapseWatch(opts.overflow.floor_policy, opts.overflow.diagnose_after,
+                                       self._params, self._detector, self._policy,
+                                       self._decider.agree_on_diagnosis, batch)
+        reduction = self._decider.reduction
+        self._meter = ScaleMeter(self._loss, self._params, self._policy, self._decider.gather,
+                                 opts.gradient_stats_every, scaling.scale == "auto",
+                                 None if reduction is None else reduction.dtype_after,
+                                 scaling.max_scale)
+        self._steps = self._updates = self._skipped_steps = 0
+        self._last_result: Optional[StepResult] = None
+
+    # -- what a script reads and sets, by name ----------------------------------------------
+    scale, data_feeder, accum_grad = settings.scale, settings.data_feeder, settings.accum_grad
+    average_accum, weight_decay = settings.average_accum, settings.weight_decay
+    clip_grad_norm, clear_buffer = settings.clip_grad_norm, settings.clear_buffer
+    max_retries, floor_policy = settings.max_retries, settings.floor_policy
+    diagnose_after = settings.diagnose_after
+    comm, grads, solver, loss = settings.comm, settings.grads, settings.solver, settings.loss
+    shared_grads, monitor, policy = settings.shared_grads, settings.monitor, settings.policy
+    enable_overflow_check = settings.enable_overflow_check
+    schedule, overflow, reduction = settings.schedule, settings.overflow, settings.reduction
+    outputs, lr_scheduler = settings.outputs, settings.lr_scheduler
+    gradient_stats_every = settings.gradient_stats_every
+    steps, updates = updater_state.steps, updater_state.updates
+    skipped_steps = updater_state.skipped_steps
+    overflow_streak = collapse.overflow_streak
+    longest_overflow_streak = collapse.longest_overflow_streak
+    bad_batches, last_report = collapse.bad_batches, collapse.last_report
+    state_dict, load_state_dict = updater_state.state_dict, updater_state.load_state_dict
+    save_checkpoint = updater_state.save_checkpoint
+    load_checkpoint = updater_state.load_checkpoint
+
+    last_result = settings.last_result
+    __setattr__ = settings.refuse_unknown
+    __reduce_ex__ = settings.refuse_copies
+
+    def _set_up_reduction(self, opts: Any, graphs, batch: BatchCheck) -> None:
+        """The communicator, the gradients it reduces, the overflow check and the step's
+        decision (local, or agreed by the ranks), the shared gradients."""
+        reduction = opts.reduction
+        self._comm = abort.updater_comm(opts.comm, reduction.abort_on_exception)
+        if self._comm is None:
+            launcher.warn_training_alone()
+        self._grads = exchanged_grads(opts.grads, self._comm, reduction, self._params)
+        self._detector = OverflowDetector(opts.overflow.mode)
+        pack = backward_reduction(reduction, self._comm, opts.overflow.mode == "saturation",
+                                  graphs, self._params)
+        float32_cpu = (self._schedule is None and self._dtype.name == "float32"
+                       and graph.extension_of(self._loss) == "cpu")
+        checks = overflow_checks(self._detector.mode, opts.enable_overflow_check, self._solver,
+                                 self._params, float32_cpu, graph.float_context(self._loss),
+                                 self._comm is not None)
+        float_only = self._precision == "float" and self._schedule is None
+        if self._comm is None:
+            self._decider, self._shared_grads = LocalDecision(checks[0], batch), None
+        else:
+            self._decider, self._shared_grads = agreement.decider(
+                self._comm, self._loss, self._params, self._grads, reduction.shared_grads,
+                float_only, checks, self._detector.mode, batch, pack, reduction.average_ranks)
+            agreement.warn_float16_reduction(self._decider.reduction, self._precision,
+                                             self._schedule is not None,
+                                             reduction.average_ranks)
+            agreement.warn_device_mismatch(self._comm, self._loss)
+        self._in_backward = self._decider.in_backward
+        self._zero_grads = (self._solver.zero_grad if self._shared_grads is None
+                            else self._shared_grads.zero)
+
+    # -- what the step runs, as it is now ----------------------------------------------
+    precision = settings.precision
+
+    @property
+    def _next_scale(self) -> float:
+        """The scale of the next step (the ``scale`` setting): 1 after a precision switch."""
+        return 1.0 if self._switched() else self._policy.loss_scale
+
+    def _switched(self) -> bool:
+        """Whether the precision schedule runs the next step in full precision."""
+        return self._schedule is not None and not self._schedule.reduced(self._steps)
+
+    # -- the step -----------------------------------------------------------------------
+    def update(self) -> StepResult:
+        """Runs one training step, or skips it when the gradients overflowed.
+
+        zero grads → ``accum_grad`` × (feed, forward, backward with the scale) → all-reduce
+        (with a communicator) → overflow check → unscale, clip, weight decay,
+        ``solver.update()``; or, on overflow, leave parameters and solver states untouched
+        and adjust the scale. In retry mode (``max_retries > 0``) a skipped step is followed
+        by up to ``max_retries`` more steps on new batches; the call returns at the first
+        one that updates, or after the last one.
+
+        Returns:
+            StepResult: whether the step was skipped and the scale it ran with.
+
+        Raises:
+            RuntimeError: ``update()`` is already running, in another thread or further up
+                this one (a monitor hook or data feeder calling it): one step at a time. Or
+                ``comm`` has an all-reduce armed by a script's ``all_reduce_callback()``.
+        """
+        self._lock.enter(type(self).__name__, "update()")
+        try:
+            if self._comm is not None:
+                agreement.check_not_armed(self._comm)
+            if self._feed is None:
+                self._stale.look(self._accum_grad)    # the script writes the inputs?
+            result = self._step(1)
+            while result.skipped and result.attempts <= self._max_retries:
+                result = self._step(result.attempts + 1)
+            return result
+        finally:
+            self._lock.leave()
+
+    def _step(self, attempts: int) -> StepResult:
+        index = self._steps
+        loss, precision = graph_at(self._schedule, index, self._loss, self._precision)
+        recorder, seed = self._passes[id(loss)]
+        losses = recorder.start()
+        meter = self._meter if precision != "float" or self._schedule is None else None
+        fed, watch = False, None           # unscaled (meter None): no scale to measure
+        if meter is not None:
+            fed, watch = meter.before_passes(index, self._feed, self._zero_grads,
+                                             lambda: recorder.forward(losses, 0, False))
+        scale = 1.0 if meter is None else self._policy.loss_scale
+        self._forward_backward(recorder, seed.at(scale), scale, losses, watch, fed)
+        stats = self._meter.statistics(index) if self._meter.stats_every else None
+        skipped, loss_nonfinite, bad_batch, room = self._decide(loss, losses, index, watch,
+                                                                seed.held)
+        at_floor = skipped and meter is not None and self._policy.at_min_scale
+        held_by = (None if meter is None else
+                   meter.after_step(fed, skipped, room, loss_nonfinite, bad_batch))
+        self._steps += 1
+        if skipped:
+            self._skipped_steps += 1
+            self._collapse.count_skip(bad_batch)
+        else:
+            self._unscaler.apply()
+            self._updates += 1
+            self._collapse.overflow_streak = 0
+        schedule = self._schedule
+        if schedule is not None and schedule.needs_loss and math.isfinite(losses.mean()):
+            schedule.observe_loss(index, losses.mean())
+        result = StepResult(index, skipped, scale, self._next_scale, attempts, precision,
+                            stats, bad_batch, held_by, self._skipped_steps, losses)
+        self._last_result = result
+        if self._monitor is not None:
+            self._monitor(result)
+        if skipped:
+            self._collapse.after_skip(index, scale, result.next_scale, loss, at_floor,
+                                      loss_nonfinite, bad_batch)
+        return result
+
+    def _decide(self, loss: "nn.Variable", losses: StepLosses, index: int,
+                watch: Optional[RangeWatch], held: float) -> Tuple[bool, bool, bool, Any]:
+        """The step's one decision, skip or update, once its backward passes ran:
+        ``(skipped, loss_nonfinite, bad_batch, room)``. The gradients are all-reduced (with
+        a communicator) and checked, alike on every rank; a good step's gradients are then
+        measured for growth (``room``, with ``watch``; None without) and unscaled by the
+        seed's ``held`` scale, and a gradient norm that is not finite skips it after all."""
+        if watch is not None and self._in_backward is None:
+            self._meter.watch_own(watch)     # this rank's gradients, before the reduce
+        skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses, index)
+        if skipped:
+            return True, loss_nonfinite, bad_batch, None
+        room = None if watch is None else self._meter.growth_room(watch, held)
+        unscaled = self._unscaler.unscale(held, self._updates)
+        return not unscaled, loss_nonfinite, bad_batch, room
+
+    def _forward_backward(self, recorder: LossRecorder, seed: "nn.NdArray", scale: float,
+                          losses: StepLosses, watch: Optional[RangeWatch] = None,
+                          fed: bool = False) -> None:
+        """Zeroes the gradients, then ``accum_grad`` × (feed, forward of the recorder's loss
+        kept in ``losses``, backward seeded with ``seed``, the array of ``scale``, watched by
+        ``watch`` if given); ``fed``: the first micro-batch is fed and forwarded already. The
+        last backward carries nnabla's all-reduce callback where it reduces the gradients."""
+        loss = recorder.loss
+        clear = self._clear_buffer
+        reduce = None if self._in_backward is None else self._in_backward()
+        last = self._accum_grad - 1
+        self._zero_grads()
+        for i in range(self._accum_grad):
+            if i or not fed:
+                feed = self._feed
+                if feed is not None:
+                    feed()
+                recorder.forward(losses, i, clear)
+            callbacks = reduce if i == last else None
+            if watch is None:
+                loss.backward(seed, clear_buffer=clear, communicator_callbacks=callbacks)
+            else:
+                watch.run(loss, scale, clear, callbacks)

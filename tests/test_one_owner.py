@@ -1,0 +1,133 @@
+"""The updater owns its state: saves are of one step, assignments are checked wherever
+they are made, and an updater is neither copied nor pickled."""
+import copy
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+from nnabla_mpt import DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater
+from support import Net, assert_bitwise_equal
+
+
+def test_saves_from_a_second_thread_during_update_are_each_of_one_step(tmp_path):
+    # A second thread saves as fast as it can while the first trains: every file it wrote
+    # holds the parameters and the state the updater had after one and the same step.
+    net = Net("half", scope="saved")
+    net.large = {3, 4, 11}
+    updater = DynamicLossScalingUpdater(net.solver("Momentum", lr=0.01, momentum=0.9),
+                                        net.loss, net.feeder, scale=2.0 ** 12, N=3,
+                                        accum_grad=2)
+    after = [(updater.state_dict(), net.snapshot())]     # after each step, from step 0
+    done, saved, refused = threading.Event(), [], []
+
+    def save_while_training():
+        k = 0
+        while not done.is_set():
+            path = tmp_path / f"ckpt{k}.npz"
+            try:
+                updater.save_checkpoint(str(path))
+                saved.append(path)
+            except RuntimeError as error:            # allowed, with a message
+                refused.append(str(error))
+            k += 1
+
+    saver = threading.Thread(target=save_while_training)
+    saver.start()
+    try:
+        for _ in range(24):
+            updater.update()
+            after.append((updater.state_dict(), net.snapshot()))
+    finally:
+        done.set()
+        saver.join(120)
+    assert len(saved) >= 10 and refused == []
+    states = [state for state, _ in after]
+    for path in saved:
+        updater.load_checkpoint(str(path))
+        state = updater.state_dict()
+        assert state in states, path
+        assert_bitwise_equal(net.snapshot(), after[states.index(state)][1])
+
+
+def test_a_save_from_the_step_s_own_monitor_is_refused_with_a_message(tmp_path):
+    net = Net(scope="own_monitor")
+    calls = []
+
+    def monitor(result):
+        with pytest.raises(RuntimeError, match=r"save_checkpoint\(\) refused during "
+                                               r"update\(\) \(from a data_feeder or a "
+                                               r"monitor\): call it between update\(\) calls"):
+            updater.save_checkpoint(str(tmp_path / "x.npz"))
+        calls.append(result.step)
+
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, monitor=monitor)
+    updater.update()
+    assert calls == [0] and not (tmp_path / "x.npz").exists()
+    updater.save_checkpoint(str(tmp_path / "x.npz"))        # between steps it saves
+    assert (tmp_path / "x.npz").exists()
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("growth_factor", float("nan"), r"growth_factor must be finite, got nan"),
+    ("growth_factor", -3, r"growth_factor must be > 1, got -3"),
+    ("backoff_factor", 7, r"backoff_factor must be > 0 and < 1, got 7"),
+    ("growth_interval", 0, r"growth_interval must be >= 1, got 0"),
+    ("min_scale", 2.0 ** 20, r"min_scale must be <= max_scale, got min_scale=1048576\.0"),
+    ("max_scale", 2.0 ** 20, r"max_scale=1\.04858e\+06 is above 32768, the largest power of "
+                             r"two the loss's dtype holds"),
+    ("min_scale", 2.0 ** -30, r"min_scale=9\.31323e-10 is below 5\.96046e-08"),
+    ("growth_mode", "guess", r"growth_mode must be one of 'probe', 'measured', got 'guess'"),
+    ("growth_factr", 3.0, r"DynamicLossScale has no setting 'growth_factr'"),
+])
+def test_an_assignment_to_the_updater_s_policy_is_checked_and_changes_nothing(name, value,
+                                                                             message):
+    net = Net("half", scope="policy_fields")
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=1024.0, N=2)
+    before = updater.policy.state_dict()
+    with pytest.raises((TypeError, ValueError, AttributeError), match=message):
+        setattr(updater.policy, name, value)
+    assert updater.policy.state_dict() == before
+    results = [updater.update() for _ in range(4)]
+    assert [r.scale for r in results] == [1024.0, 1024.0, 2048.0, 2048.0]
+
+
+def test_a_standalone_policy_checks_every_assignment():
+    policy = DynamicLossScale(init_scale=64.0, growth_interval=3, hysteresis=2)
+    with pytest.raises(ValueError, match=r"^DynamicLossScale\.growth_factor = -3 refused: "
+                                         r"growth_factor must be > 1, got -3$"):
+        policy.growth_factor = -3
+    with pytest.raises(ValueError, match=r"^DynamicLossScale\.backoff_factor = 7 refused"):
+        policy.backoff_factor = 7
+    policy.update(True)
+    policy.update(True)
+    assert policy.loss_scale == 32.0                     # never -192
+    policy.growth_interval = 1                           # a count at it grows next
+    policy.hysteresis = 1
+    assert (policy.growth_interval, policy.hysteresis_left) == (1, 0)
+    policy.update(False)
+    assert policy.loss_scale == 64.0
+
+
+@pytest.mark.parametrize("name, closest", [("weight_decy", "weight_decay"),
+                                           ("scael", "scale"), ("clip_norm", "clip_grad_norm")])
+def test_an_attribute_the_updater_does_not_have_is_refused_naming_the_closest(name, closest):
+    net = Net(scope="misspelt")
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder)
+    with pytest.raises(AttributeError, match=rf"^DynamicLossScalingUpdater has no setting "
+                                             rf"'{name}' \({name} = 0\.5 refused\); did you "
+                                             rf"mean '{closest}'\?"):
+        setattr(updater, name, 0.5)
+    assert not hasattr(updater, name) and updater.weight_decay is None
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+@pytest.mark.parametrize("duplicate", [copy.copy, copy.deepcopy, pickle.dumps])
+def test_an_updater_is_neither_copied_nor_pickled(cls, duplicate):
+    net = Net(scope="copied")
+    updater = cls(net.solver(), net.loss, net.feeder)
+    with pytest.raises(TypeError, match=rf"^{cls.__name__} cannot be copied or pickled: .*"
+                                        r"state_dict\(\) or save_checkpoint\(path\)"):
+        duplicate(updater)
+    assert np.isfinite(updater.scale)
