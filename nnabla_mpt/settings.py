@@ -115,7 +115,8 @@ def between_steps(updater: Any, name: str, value: Any):
     return updater._lock.held(type(updater).__name__, f"{name} = {value!r}")
 
 
-_REBUILD = "build a new updater with it (save_checkpoint, then load_checkpoint into the new one)"
+_REBUILD = ("build a new updater with it (save_checkpoint, then load_checkpoint into the new "
+            "one)")
 
 
 def fixed(name: str, doc: str, read: Callable[[Any], Any], why: str) -> property:
@@ -276,8 +277,8 @@ monitor = built_around(
     "decide inside itself what to do with each result; or", " ")
 enable_overflow_check = built_around(
     "enable_overflow_check", "Whether steps are checked for overflow.",
-    lambda updater: updater._options.enable_overflow_check, "the step's check, its retries and its "
-    "all-reduce flags were set up with it")
+    lambda updater: updater._options.enable_overflow_check,
+    "the step's check, its retries and its all-reduce flags were set up with it")
 policy = built_around(
     "policy", "The loss-scale policy the step runs (its scale, counters and settings): "
     "the ``policy=`` given, or the one made of nnabla's arguments.",

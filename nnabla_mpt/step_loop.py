@@ -39,7 +39,7 @@ from .scale.precision_graphs import graph_at, updater_schedule
 from .scale.seed import BackwardSeed
 from .step import collapse
 from .step.collapse import CollapseWatch
-from .step.decision import LocalDecision
+from .step.decision import LocalDecision, Outcome
 from .step.detector import BatchCheck, OverflowDetector, overflow_checks
 from .step.feeder import StaleInputs, install_feeder
 from .step.overflow_handling import check_retries
@@ -89,7 +89,7 @@ class _LossScalingUpdater:
         self._average_accum = opts.reduction.average_accum
         self._monitor = opts.monitor
         batch = BatchCheck([self._loss, self._high_precision_loss], self._params)
-        self._set_up_reduction(opts, graphs, batch)
+        _set_up_reduction(self, opts, graphs, batch)
         self._unscaler = Unscaler(solver, self._params, graph.float_context(self._loss),
                                   opts.accum_grad, self._average_accum, opts.clip_grad_norm,
                                   opts.weight_decay, opts.lr_scheduler)
@@ -128,37 +128,6 @@ class _LossScalingUpdater:
     last_result = settings.last_result
     __setattr__ = settings.refuse_unknown
     __reduce_ex__ = settings.refuse_copies
-
-    def _set_up_reduction(self, opts: Any, graphs, batch: BatchCheck) -> None:
-        """The communicator, the gradients it reduces, the overflow check and the step's
-        decision (local, or agreed by the ranks), the shared gradients."""
-        reduction = opts.reduction
-        self._comm = abort.updater_comm(opts.comm, reduction.abort_on_exception)
-        if self._comm is None:
-            launcher.warn_training_alone()
-        self._grads = exchanged_grads(opts.grads, self._comm, reduction, self._params)
-        self._detector = OverflowDetector(opts.overflow.mode)
-        pack = backward_reduction(reduction, self._comm, opts.overflow.mode == "saturation",
-                                  graphs, self._params)
-        float32_cpu = (self._schedule is None and self._dtype.name == "float32"
-                       and graph.extension_of(self._loss) == "cpu")
-        checks = overflow_checks(self._detector.mode, opts.enable_overflow_check, self._solver,
-                                 self._params, float32_cpu, graph.float_context(self._loss),
-                                 self._comm is not None)
-        float_only = self._precision == "float" and self._schedule is None
-        if self._comm is None:
-            self._decider, self._shared_grads = LocalDecision(checks[0], batch), None
-        else:
-            self._decider, self._shared_grads = agreement.decider(
-                self._comm, self._loss, self._params, self._grads, reduction.shared_grads,
-                float_only, checks, self._detector.mode, batch, pack, reduction.average_ranks)
-            agreement.warn_float16_reduction(self._decider.reduction, self._precision,
-                                             self._schedule is not None,
-                                             reduction.average_ranks)
-            agreement.warn_device_mismatch(self._comm, self._loss)
-        self._in_backward = self._decider.in_backward
-        self._zero_grads = (self._solver.zero_grad if self._shared_grads is None
-                            else self._shared_grads.zero)
 
     # -- what the step runs, as it is now ----------------------------------------------
     precision = settings.precision
@@ -217,15 +186,18 @@ class _LossScalingUpdater:
         scale = 1.0 if meter is None else self._policy.loss_scale
         self._forward_backward(recorder, seed.at(scale), scale, losses, watch, fed)
         stats = self._meter.statistics(index) if self._meter.stats_every else None
-        skipped, loss_nonfinite, bad_batch, room = self._decide(loss, losses, index, watch,
-                                                                seed.held)
+        outcome, measured = self._decide(loss, losses, index, watch, seed.held)
+        skipped = outcome.skipped
         at_floor = skipped and meter is not None and self._policy.at_min_scale
-        held_by = (None if meter is None else
-                   meter.after_step(fed, skipped, room, loss_nonfinite, bad_batch))
+        held_by = None
+        if meter is not None and outcome.scale_at_fault:
+            held_by = self._tell_policy(meter, outcome, measured)
+        if fed and outcome is Outcome.BAD_BATCH:
+            meter.calibration_pending = True           # the next step measures its own
         self._steps += 1
         if skipped:
             self._skipped_steps += 1
-            self._collapse.count_skip(bad_batch)
+            self._collapse.count_skip(outcome)
         else:
             self._unscaler.apply()
             self._updates += 1
@@ -234,30 +206,41 @@ class _LossScalingUpdater:
         if schedule is not None and schedule.needs_loss and math.isfinite(losses.mean()):
             schedule.observe_loss(index, losses.mean())
         result = StepResult(index, skipped, scale, self._next_scale, attempts, precision,
-                            stats, bad_batch, held_by, self._skipped_steps, losses)
+                            stats, outcome is Outcome.BAD_BATCH, held_by,
+                            self._skipped_steps, losses)
         self._last_result = result
         if self._monitor is not None:
             self._monitor(result)
         if skipped:
-            self._collapse.after_skip(index, scale, result.next_scale, loss, at_floor,
-                                      loss_nonfinite, bad_batch)
+            self._collapse.after_skip(index, scale, result.next_scale, loss, at_floor, outcome)
         return result
 
     def _decide(self, loss: "nn.Variable", losses: StepLosses, index: int,
-                watch: Optional[RangeWatch], held: float) -> Tuple[bool, bool, bool, Any]:
-        """The step's one decision, skip or update, once its backward passes ran:
-        ``(skipped, loss_nonfinite, bad_batch, room)``. The gradients are all-reduced (with
-        a communicator) and checked, alike on every rank; a good step's gradients are then
-        measured for growth (``room``, with ``watch``; None without) and unscaled by the
-        seed's ``held`` scale, and a gradient norm that is not finite skips it after all."""
+                watch: Optional[RangeWatch], held: float) -> Tuple[Outcome, Any]:
+        """The step's one decision once its backward passes ran: its :class:`Outcome`, and
+        on an update what ``watch`` measured for growth (None without a watch). The
+        gradients are all-reduced (with a communicator) and checked, alike on every rank;
+        a good step's are then measured, unscaled by the seed's ``held`` scale and clipped,
+        and a clipping norm that is not finite skips it after all."""
         if watch is not None and self._in_backward is None:
             self._meter.watch_own(watch)     # this rank's gradients, before the reduce
-        skipped, loss_nonfinite, bad_batch = self._decider.decide(loss, losses, index)
-        if skipped:
-            return True, loss_nonfinite, bad_batch, None
-        room = None if watch is None else self._meter.growth_room(watch, held)
-        unscaled = self._unscaler.unscale(held, self._updates)
-        return not unscaled, loss_nonfinite, bad_batch, room
+        outcome = self._decider.decide(loss, losses, index)
+        if outcome.skipped:
+            return outcome, None
+        measured = None if watch is None else self._meter.growth_room(watch, held)
+        norm = self._unscaler.unscale(held, self._updates)
+        if norm is not None and not math.isfinite(norm):
+            return Outcome.NONFINITE_NORM, measured
+        return outcome, measured
+
+    def _tell_policy(self, meter: ScaleMeter, outcome: Outcome, measured: Any) -> Optional[str]:
+        """Tells the policy how the step went, with the room the meter measured; returns
+        what held a measured growth point short of that room, else None."""
+        policy = self._policy
+        due, before = outcome is Outcome.UPDATED and policy.growth_due, policy.loss_scale
+        room, free = meter.settled(measured, outcome.skipped)
+        policy.update(outcome.skipped, room)      # the one place the policy hears of a step
+        return meter.what_held(before, policy.loss_scale, room, free) if due else None
 
     def _forward_backward(self, recorder: LossRecorder, seed: "nn.NdArray", scale: float,
                           losses: StepLosses, watch: Optional[RangeWatch] = None,
@@ -282,3 +265,38 @@ class _LossScalingUpdater:
                 loss.backward(seed, clear_buffer=clear, communicator_callbacks=callbacks)
             else:
                 watch.run(loss, scale, clear, callbacks)
+
+
+def _set_up_reduction(updater: "_LossScalingUpdater", opts: Any, graphs,
+                      batch: BatchCheck) -> None:
+    """Gives ``updater`` (in its constructor) the communicator, the gradients it
+    reduces, the overflow check and the step's decision (local, or agreed by the ranks),
+    the shared gradients."""
+    reduction = opts.reduction
+    updater._comm = abort.updater_comm(opts.comm, reduction.abort_on_exception)
+    if updater._comm is None:
+        launcher.warn_training_alone()
+    updater._grads = exchanged_grads(opts.grads, updater._comm, reduction, updater._params)
+    updater._detector = OverflowDetector(opts.overflow.mode)
+    pack = backward_reduction(reduction, updater._comm, opts.overflow.mode == "saturation",
+                              graphs, updater._params)
+    float32_cpu = (updater._schedule is None and updater._dtype.name == "float32"
+                   and graph.extension_of(updater._loss) == "cpu")
+    checks = overflow_checks(updater._detector.mode, opts.enable_overflow_check,
+                             updater._solver, updater._params, float32_cpu,
+                             graph.float_context(updater._loss), updater._comm is not None)
+    float_only = updater._precision == "float" and updater._schedule is None
+    if updater._comm is None:
+        updater._decider, updater._shared_grads = LocalDecision(checks[0], batch), None
+    else:
+        updater._decider, updater._shared_grads = agreement.decider(
+            updater._comm, updater._loss, updater._params, updater._grads,
+            reduction.shared_grads, float_only, checks, updater._detector.mode, batch, pack,
+            reduction.average_ranks)
+        agreement.warn_float16_reduction(updater._decider.reduction, updater._precision,
+                                         updater._schedule is not None,
+                                         reduction.average_ranks)
+        agreement.warn_device_mismatch(updater._comm, updater._loss)
+    updater._in_backward = updater._decider.in_backward
+    updater._zero_grads = (updater._solver.zero_grad if updater._shared_grads is None
+                           else updater._shared_grads.zero)

@@ -83,10 +83,10 @@ def checked(state: Any, updater_name: str, can_calibrate: bool) -> Dict[str, Any
 def check_all(state: Any, updater_name: str, policy, schedule,
               dtype: FloatType) -> Dict[str, Any]:
     """Checks the whole ``state`` for an updater (``updater_name``, its ``policy``, its
-    precision ``schedule`` or None, its loss's ``dtype``) without changing anything. Returns the counters and
-    ``calibration_pending`` (:func:`checked`), the policy's state to load (``"policy"``,
-    within ``dtype``) and the values lowered to fit it (``"lowered"``, see
-    :func:`within_dtype`)."""
+    precision ``schedule`` or None, its loss's ``dtype``) without changing anything.
+    Returns the counters and ``calibration_pending`` (:func:`checked`), the policy's
+    state to load (``"policy"``, within ``dtype``) and the values lowered to fit it
+    (``"lowered"``, see :func:`within_dtype`)."""
     values = checked(state, updater_name, can_calibrate=policy.kind == "dynamic")
     if (state["precision"] is None) != (schedule is None):
         mine = None if schedule is None else schedule.mode.text

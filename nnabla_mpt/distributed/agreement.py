@@ -37,7 +37,7 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from ..core import graph
-from ..step.decision import Decision
+from ..step.decision import Outcome, skipped_for
 from ..step.detector import BatchCheck
 from ..step.step_loss import StepLosses
 from . import exchange
@@ -89,7 +89,7 @@ class StepAgreement:
         self._division = division
         self.in_backward = in_backward
 
-    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Decision:
+    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Outcome:
         """Reduces the gradients with the flags (one collective) and checks the result.
 
         The flags are this rank's overflow, its mean loss and its ``step`` index; the mean
@@ -106,10 +106,10 @@ class StepAgreement:
         losses.set_mean(mean)
         overflow = self.check is not None and (flagged or (self.check_after or self.check)())
         if not overflow:
-            return False, False, False
+            return Outcome.UPDATED
         bad_losses, bad_batches = self._count([not math.isfinite(losses.total()),
                                                bool(self._batch.nonfinite(loss))])
-        return True, bad_losses > 0.0, bad_batches > 0.0
+        return skipped_for(bad_losses > 0.0, bad_batches > 0.0)
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether the collapse is a pure overflow, decided alike on every rank.

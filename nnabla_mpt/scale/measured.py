@@ -187,27 +187,15 @@ class ScaleMeter:
             self.calibrate(data_feeder, forward, zero_grads)
         return fed, self.growth_watch(index)
 
-    def after_step(self, fed: bool, skipped: bool,
-                   measured: Optional[Tuple[float, float, float]], loss_nonfinite: bool,
-                   bad_batch: bool) -> Optional[str]:
-        """Once the step is decided: tells the policy whether it overflowed (``skipped``)
-        and the room ``measured`` leaves (:meth:`settled`), unless the step was skipped
-        for a non-finite loss or a bad batch, which no smaller scale fixes (the scale is
-        kept); a calibration (``fed``) on a bad batch measures again at the next step.
-        Returns what held the scale at a measured growth point short of the room
-        (:meth:`~nnabla_mpt.scale.ceiling.GrowthLimit.held_by`), else None."""
-        held = None
-        if not (loss_nonfinite or bad_batch):
-            policy = self._policy
-            due, before = not skipped and policy.growth_due, policy.loss_scale
-            room, free = self.settled(measured, skipped)
-            policy.update(skipped, room)
-            if due and room is not None:
-                held = self.limit.held_by(before, policy.loss_scale, room, free,
-                                          self.history.margin())
-        if fed and bad_batch:
-            self.calibration_pending = True
-        return held
+    def what_held(self, before: float, after: float, room: Optional[float],
+                  free: Optional[float]) -> Optional[str]:
+        """What held the scale at a measured growth point that moved it from ``before``
+        to ``after`` with the ``room`` and ``free`` of :meth:`settled`, short of the room
+        (:meth:`~nnabla_mpt.scale.ceiling.GrowthLimit.held_by`); None where nothing was
+        measured or the scale grew as far as the room allows."""
+        if room is None:
+            return None
+        return self.limit.held_by(before, after, room, free, self.history.margin())
 
     def growth_watch(self, index: int) -> Optional[RangeWatch]:
         """A watch for the backward passes of step ``index`` in ``"measured"`` mode: where

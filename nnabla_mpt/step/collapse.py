@@ -27,6 +27,7 @@ from nnabla.logger import logger
 from ..diagnosis import diagnosis
 from ..diagnosis.report import LossScaleCollapseError, OverflowReport
 from ..scale.policy import DynamicLossScale
+from .decision import Outcome
 from .detector import BatchCheck, OverflowDetector
 
 
@@ -70,11 +71,11 @@ class CollapseWatch:
         # A streak is diagnosed once by its length, and reported (raise/warn) at most once.
         self._streak_diagnosed = self._streak_reported = False
 
-    def count_skip(self, bad_batch: bool) -> None:
-        """Counts a skipped step: an overflow extends the streak, a bad batch is counted
-        apart and leaves it as it is (a good step ends the streak: the updater sets
-        ``overflow_streak`` to 0)."""
-        if bad_batch:
+    def count_skip(self, outcome: Outcome) -> None:
+        """Counts a skipped step of ``outcome``: an overflow extends the streak, a bad
+        batch is counted apart and leaves it as it is (a good step ends the streak: the
+        updater sets ``overflow_streak`` to 0)."""
+        if outcome is Outcome.BAD_BATCH:
             self.bad_batches += 1
             return
         self.overflow_streak += 1
@@ -83,10 +84,12 @@ class CollapseWatch:
             self._streak_diagnosed = self._streak_reported = False
 
     def after_skip(self, index: int, scale: float, next_scale: float, loss,
-                   at_floor: bool, loss_nonfinite: bool, bad_batch: bool) -> None:
-        """After skipped step ``index`` run with ``scale`` on ``loss``: log it; on a
-        collapse, diagnose and act by the floor policy. A bad batch is only logged."""
-        if bad_batch:
+                   at_floor: bool, outcome: Outcome) -> None:
+        """After step ``index`` run with ``scale`` on ``loss`` was skipped for ``outcome``:
+        log it; on a collapse, diagnose and act by the floor policy. A bad batch is only
+        logged."""
+        loss_nonfinite = outcome is Outcome.NONFINITE_LOSS
+        if outcome is Outcome.BAD_BATCH:
             self._log_bad_batch(index, scale, self._batch.nonfinite(loss))
             self._warn_state(index, self._batch.nonfinite_state(loss))
             return

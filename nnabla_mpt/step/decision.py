@@ -2,22 +2,53 @@
 
 With a communicator the ranks decide together instead
 (:class:`~nnabla_mpt.distributed.agreement.StepAgreement`), with the same interface and
-the same :data:`Decision`.
+the same :class:`Outcome`.
 """
+import enum
 import math
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 import nnabla as nn
 
 from .detector import BatchCheck
 from .step_loss import StepLosses
 
-#: What the check of one step found, ``(overflow, loss_nonfinite, bad_batch)``: skip the
-#: step (the reduced gradients overflowed); on a skipped step, whether some micro-batch's
-#: loss (on some rank) was itself non-finite, and whether some rank's batch held inf/NaN
-#: (:class:`~nnabla_mpt.step.detector.BatchCheck`): either way a smaller scale cannot help and
-#: the scale is kept.
-Decision = Tuple[bool, bool, bool]
+
+class Outcome(enum.Enum):
+    """What one step came to, the step's one decision: updated, or skipped and why."""
+
+    #: The gradients were finite (or not checked): the step updated the parameters.
+    UPDATED = "updated"
+    #: The reduced gradients overflowed: the scale was too large, and backs off.
+    OVERFLOW = "overflow"
+    #: Some micro-batch's loss (on some rank) was itself non-finite: no smaller scale
+    #: helps, and the scale stays.
+    NONFINITE_LOSS = "non-finite loss"
+    #: Some rank's batch held inf/NaN (:class:`~nnabla_mpt.step.detector.BatchCheck`): no
+    #: smaller scale helps, and the scale stays.
+    BAD_BATCH = "bad batch"
+    #: The clipping norm was not finite though the step was not checked
+    #: (``enable_overflow_check=False``): an overflow all the same, the scale backs off.
+    NONFINITE_NORM = "non-finite clipping norm"
+
+    @property
+    def skipped(self) -> bool:
+        """Whether the step left the parameters and the solver's state as they were."""
+        return self is not Outcome.UPDATED
+
+    @property
+    def scale_at_fault(self) -> bool:
+        """Whether the scale had a part in it, so the policy hears of the step: not for a
+        non-finite loss or a bad batch."""
+        return self not in (Outcome.NONFINITE_LOSS, Outcome.BAD_BATCH)
+
+
+def skipped_for(loss_nonfinite: bool, bad_batch: bool) -> Outcome:
+    """The outcome of a step whose gradients overflowed: a bad batch first, then a
+    non-finite loss, else an overflow."""
+    if bad_batch:
+        return Outcome.BAD_BATCH
+    return Outcome.NONFINITE_LOSS if loss_nonfinite else Outcome.OVERFLOW
 
 
 class LocalDecision:
@@ -41,11 +72,12 @@ class LocalDecision:
         self.check = check
         self._batch = batch
 
-    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Decision:
-        """Checks the step's gradients; on overflow only, reads the step's ``losses``."""
+    def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Outcome:
+        """Checks the step's gradients; on overflow only, reads the step's ``losses`` and
+        its batch."""
         if self.check is None or not self.check():
-            return False, False, False
-        return True, not math.isfinite(losses.total()), bool(self._batch.nonfinite(loss))
+            return Outcome.UPDATED
+        return skipped_for(not math.isfinite(losses.total()), bool(self._batch.nonfinite(loss)))
 
     def agree_on_diagnosis(self, report) -> bool:
         """Whether a collapse is a pure overflow: the report says so."""

@@ -59,23 +59,24 @@ class Unscaler:
         ``average_accum``."""
         self.accum_divisor = accum_grad if average_accum else 1
 
-    def unscale(self, held: float, updates: int = 0) -> bool:
+    def unscale(self, held: float, updates: int = 0) -> Optional[float]:
         """Unscales the gradients of a step whose seed held ``held`` (the step's scale as
         the loss's dtype holds it, :attr:`~nnabla_mpt.scale.seed.BackwardSeed.held`: dividing
         by the scale itself would leave an error of up to 0.05% in float16) and clips
-        them. With ``lr_scheduler``, first fetches the rate :meth:`apply` sets: the
-        schedule's at ``updates``, the updates applied so far (a skipped step does not
-        advance it); a rate it refuses raises here, before the step changes parameters,
-        solver states, scale or counters (its batches are consumed, and a first step of
-        ``scale="auto"`` has measured its scale).
+        them; returns the clipping norm, the unscaled gradients' global L2 norm (None
+        without clipping). With ``lr_scheduler``, first fetches the rate :meth:`apply`
+        sets: the schedule's at ``updates``, the updates applied so far (a skipped step
+        does not advance it); a rate it refuses raises here, before the step changes
+        parameters, solver states, scale or counters (its batches are consumed, and a first
+        step of ``scale="auto"`` has measured its scale).
 
-        Returns False, the gradients unscaled but not clipped, when clipping is on and
-        their norm is not finite, which only a gradient holding inf or NaN makes (the
-        overflow check finds those first; without it, the updater skips the step as an
-        overflow): no factor brings such gradients to the bound. True otherwise: finite
-        gradients are clipped and applied, however large their norm (a clip factor below
-        float32's smallest normal, ``FLOAT32_TINY``, is applied in parts of ``2**-64``,
-        since ``scale_grad`` takes a float32).
+        A norm that is not finite, which only a gradient holding inf or NaN makes, leaves
+        the gradients unscaled but not clipped: no factor brings them to the bound, and the
+        caller skips the step (the overflow check finds those first; without it, the
+        updater skips the step as an overflow). Finite gradients are clipped and applied,
+        however large their norm (a clip factor below float32's smallest normal,
+        ``FLOAT32_TINY``, is applied in parts of ``2**-64``, since ``scale_grad`` takes a
+        float32).
         """
         if self._lr_scheduler is not None:
             self._rate = scheduled_rate(self._lr_scheduler, updates)
@@ -83,17 +84,15 @@ class Unscaler:
         if factor != 1.0:
             self._solver.scale_grad(factor)
         if self.clip is None:
-            return True
+            return None
         norm = self.grad_norm()
-        if not math.isfinite(norm):
-            return False
-        if norm > self.clip:
+        if math.isfinite(norm) and norm > self.clip:
             factor = self.clip / norm
             while 0.0 < factor < FLOAT32_TINY:  # a float32 subnormal (or 0) would lose bits
                 self._solver.scale_grad(2.0 ** -64)     # exact, where the result is normal
                 factor *= 2.0 ** 64
             self._solver.scale_grad(factor)
-        return True
+        return norm
 
     def apply(self) -> None:
         """Applies weight decay to the unscaled (and clipped) gradients, sets the learning
