@@ -7,15 +7,12 @@ setting of the updaters is a property here, listed by name in the step loop's cl
 step reads it. Assigning either takes effect from the next ``update()``, checked as the
 constructor checks it (a *live* setting), or is refused with an ``AttributeError`` that
 says what to do instead (:func:`fixed`). While ``update()`` runs (a data feeder, a
-monitor or another thread assigning) every assignment is refused (:class:`StepLock`):
+monitor or another thread assigning) every assignment is refused (the step loop's
+:class:`~nnabla_mpt.step_loop.StepLock`):
 the running step would mix the old and the new value. Nothing is ignored.
 """
-import difflib
-import threading
-from collections import deque
 from dataclasses import replace
-from contextlib import contextmanager
-from typing import Any, Callable, Deque, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from .core import _validate as check
 from .scale.bounded_policy import fixed_policy
@@ -39,75 +36,6 @@ def checked_accum_grad(value: Any) -> int:
     """``accum_grad``: an integer >= 1."""
     return check.integer("accum_grad", value, ge=1)
 
-
-
-class StepLock:
-    """One step, setting change, state load or save of an updater at a time:
-    :meth:`held` takes it. A save (``state_dict()``, ``save_checkpoint()``) never makes
-    another thread fail: one that finds a step running in another thread waits for it,
-    and whoever finds a save running waits for the save. Anything else that finds the
-    lock taken is refused with a ``RuntimeError``, and so is a save from inside a step
-    (its feeder or monitor), which would wait for itself."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._running: Optional[int] = None      # the thread holding the lock, if any
-        self._saving = False                     # whether it holds it for a save
-        self._waiting: Deque[int] = deque()      # the threads waiting, first come first
-
-    def enter(self, owner: str, what: str, save: bool = False) -> None:
-        """Takes the lock for ``what`` of the updater class ``owner`` (``"update()"``,
-        ``"weight_decay = 0.5"``, named in the ``RuntimeError`` that refuses it), a
-        save where ``save``; :meth:`leave` gives it back. Waiting threads take it in the
-        order they came: a thread saving in a loop cannot keep the steps out."""
-        me = threading.get_ident()
-        with self._changed:
-            self._waiting.append(me)
-            try:
-                while self._running is not None or self._waiting[0] != me:
-                    if self._running is not None and (
-                            self._running == me or not (save or self._saving)):
-                        raise _refused(f"{owner}.{what}", self._running == me)
-                    self._changed.wait()
-            finally:
-                self._waiting.remove(me)
-                self._changed.notify_all()
-            self._running, self._saving = me, save
-
-    def leave(self) -> None:
-        """Gives back what :meth:`enter` took."""
-        with self._changed:
-            self._running, self._saving = None, False
-            self._changed.notify_all()
-
-    @contextmanager
-    def held(self, owner: str, what: str, save: bool = False) -> Iterator[None]:
-        """Runs the body with the lock taken (:meth:`enter`)."""
-        self.enter(owner, what, save)
-        try:
-            yield
-        finally:
-            self.leave()
-
-
-def _refused(what: str, this_thread: bool) -> RuntimeError:
-    """The error of ``what`` tried while the updater runs a step, in this thread (from a
-    feeder or a monitor) or in another one."""
-    if what.endswith(".update()"):
-        where = ("it was called from inside update() (a monitor hook or a data_feeder); "
-                 "one updater runs one step at a time, so take the next step after "
-                 "update() has returned" if this_thread else
-                 "in another thread: one updater runs one step at a time (nnabla's graphs "
-                 "and gradients are not safe to share between threads); call update() from "
-                 "one thread, or give each thread an updater of its own graph")
-        return RuntimeError(f"{what} is already running{':' if this_thread else ''} {where}")
-    then = ("assign it between update() calls; it takes effect from the next one"
-            if " = " in what else "call it between update() calls")
-    if this_thread:
-        return RuntimeError(f"{what} refused during update() (from a data_feeder or a "
-                            f"monitor): {then}")
-    return RuntimeError(f"{what} refused: update() is running in another thread; {then}, "
-                        f"from the thread that calls update()")
 
 
 def between_steps(updater: Any, name: str, value: Any):
@@ -313,28 +241,3 @@ precision = property(lambda updater: "float" if updater._switched() else updater
                      doc="``\"half\"`` or ``\"float\"``: the precision the next step runs in.")
 last_result = property(lambda updater: updater._last_result, doc=(
     "The :class:`StepResult` of the last step, or None before the first."))
-
-
-# -- no other name, no copy ------------------------------------------------------------
-
-def refuse_unknown(updater: Any, name: str, value: Any) -> None:
-    """The updaters' ``__setattr__``: refuses an attribute the updater does not have (a
-    misspelt setting), naming the closest; the private ones are the updater's own."""
-    if name.startswith("_") or hasattr(type(updater), name):
-        object.__setattr__(updater, name, value)
-        return
-    public = [n for n in dir(type(updater)) if not n.startswith("_")]
-    close = difflib.get_close_matches(name, public, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise AttributeError(f"{type(updater).__name__} has no setting {name!r} ({name} = "
-                         f"{value!r} refused){hint} The settings: {', '.join(public)}")
-
-
-def refuse_copies(updater: Any, protocol: Any) -> Any:
-    """The updaters' ``__reduce_ex__``: refuses ``copy``, ``deepcopy`` and ``pickle``. An
-    updater holds the graph, the solver, the communicator and buffers of them, which no
-    copy can share or split."""
-    raise TypeError(f"{type(updater).__name__} cannot be copied or pickled: it runs the "
-                    f"graph, solver and communicator it was built on; save what it learned "
-                    f"with state_dict() or save_checkpoint(path) and load it into an updater "
-                    f"built on the new graph (load_state_dict(), load_checkpoint(path))")

@@ -23,8 +23,12 @@ arguments, written out in their constructors and checked where they are made
 (:mod:`nnabla_mpt.options`). What a valid updater state is and how it
 is saved, :mod:`nnabla_mpt.updater_state` says.
 """
+import difflib
 import math
-from typing import Any, Optional, Tuple
+import threading
+from collections import deque
+from contextlib import contextmanager
+from typing import Any, Deque, Iterator, Optional, Tuple
 
 import nnabla as nn
 
@@ -36,7 +40,6 @@ from .distributed import abort, agreement, launcher
 from .distributed.gradient_reduction import backward_reduction, exchanged_grads
 from .scale.measured import ScaleMeter
 from .scale.precision_graphs import graph_at, updater_schedule
-from .scale.seed import BackwardSeed
 from .step import collapse
 from .step.collapse import CollapseWatch
 from .step.decision import LocalDecision, Outcome
@@ -44,8 +47,102 @@ from .step.detector import BatchCheck, OverflowDetector, overflow_checks
 from .step.feeder import StaleInputs, install_feeder
 from .step.overflow_handling import check_retries
 from .step.result import StepResult
-from .step.step_loss import LossRecorder, StepLosses
+from .step.step_loss import BackwardSeed, LossRecorder, StepLosses
 from .step.unscale import Unscaler
+
+
+class StepLock:
+    """One step, setting change, state load or save of an updater at a time:
+    :meth:`held` takes it. A save (``state_dict()``, ``save_checkpoint()``) never makes
+    another thread fail: one that finds a step running in another thread waits for it,
+    and whoever finds a save running waits for the save. Anything else that finds the
+    lock taken is refused with a ``RuntimeError``, and so is a save from inside a step
+    (its feeder or monitor), which would wait for itself."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running: Optional[int] = None      # the thread holding the lock, if any
+        self._saving = False                     # whether it holds it for a save
+        self._waiting: Deque[int] = deque()      # the threads waiting, first come first
+
+    def enter(self, owner: str, what: str, save: bool = False) -> None:
+        """Takes the lock for ``what`` of the updater class ``owner`` (``"update()"``,
+        ``"weight_decay = 0.5"``, named in the ``RuntimeError`` that refuses it), a
+        save where ``save``; :meth:`leave` gives it back. Waiting threads take it in the
+        order they came: a thread saving in a loop cannot keep the steps out."""
+        me = threading.get_ident()
+        with self._changed:
+            self._waiting.append(me)
+            try:
+                while self._running is not None or self._waiting[0] != me:
+                    if self._running is not None and (
+                            self._running == me or not (save or self._saving)):
+                        raise _refused(f"{owner}.{what}", self._running == me)
+                    self._changed.wait()
+            finally:
+                self._waiting.remove(me)
+                self._changed.notify_all()
+            self._running, self._saving = me, save
+
+    def leave(self) -> None:
+        """Gives back what :meth:`enter` took."""
+        with self._changed:
+            self._running, self._saving = None, False
+            self._changed.notify_all()
+
+    @contextmanager
+    def held(self, owner: str, what: str, save: bool = False) -> Iterator[None]:
+        """Runs the body with the lock taken (:meth:`enter`)."""
+        self.enter(owner, what, save)
+        try:
+            yield
+        finally:
+            self.leave()
+
+
+def _refused(what: str, this_thread: bool) -> RuntimeError:
+    """The error of ``what`` tried while the updater runs a step, in this thread (from a
+    feeder or a monitor) or in another one."""
+    if what.endswith(".update()"):
+        where = ("it was called from inside update() (a monitor hook or a data_feeder); "
+                 "one updater runs one step at a time, so take the next step after "
+                 "update() has returned" if this_thread else
+                 "in another thread: one updater runs one step at a time (nnabla's graphs "
+                 "and gradients are not safe to share between threads); call update() from "
+                 "one thread, or give each thread an updater of its own graph")
+        return RuntimeError(f"{what} is already running{':' if this_thread else ''} {where}")
+    then = ("assign it between update() calls; it takes effect from the next one"
+            if " = " in what else "call it between update() calls")
+    if this_thread:
+        return RuntimeError(f"{what} refused during update() (from a data_feeder or a "
+                            f"monitor): {then}")
+    return RuntimeError(f"{what} refused: update() is running in another thread; {then}, "
+                        f"from the thread that calls update()")
+
+
+# -- no other name, no copy ------------------------------------------------------------
+
+def _refuse_unknown(updater: Any, name: str, value: Any) -> None:
+    """The updaters' ``__setattr__``: refuses an attribute the updater does not have (a
+    misspelt setting), naming the closest; the private ones are the updater's own."""
+    if name.startswith("_") or hasattr(type(updater), name):
+        object.__setattr__(updater, name, value)
+        return
+    public = [n for n in dir(type(updater)) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise AttributeError(f"{type(updater).__name__} has no setting {name!r} ({name} = "
+                         f"{value!r} refused){hint} The settings: {', '.join(public)}")
+
+
+def _refuse_copies(updater: Any, protocol: Any) -> Any:
+    """The updaters' ``__reduce_ex__``: refuses ``copy``, ``deepcopy`` and ``pickle``. An
+    updater holds the graph, the solver, the communicator and buffers of them, which no
+    copy can share or split."""
+    raise TypeError(f"{type(updater).__name__} cannot be copied or pickled: it runs the "
+                    f"graph, solver and communicator it was built on; save what it learned "
+                    f"with state_dict() or save_checkpoint(path) and load it into an updater "
+                    f"built on the new graph (load_state_dict(), load_checkpoint(path))")
 
 
 class _LossScalingUpdater:
@@ -67,7 +164,7 @@ class _LossScalingUpdater:
     """
 
     def __init__(self, solver, loss, scaling: Any, opts: Any) -> None:
-        self._lock = settings.StepLock()
+        self._lock = StepLock()
         self._options = opts
         self._params = solver_parameters(solver)
         self._solver = solver
@@ -126,8 +223,8 @@ class _LossScalingUpdater:
     load_checkpoint = updater_state.load_checkpoint
 
     last_result = settings.last_result
-    __setattr__ = settings.refuse_unknown
-    __reduce_ex__ = settings.refuse_copies
+    __setattr__ = _refuse_unknown
+    __reduce_ex__ = _refuse_copies
 
     # -- what the step runs, as it is now ----------------------------------------------
     precision = settings.precision
@@ -175,12 +272,14 @@ class _LossScalingUpdater:
 
     def _step(self, attempts: int) -> StepResult:
         index = self._steps
-        loss, precision = graph_at(self._schedule, index, self._loss, self._precision)
+        loss, precision = (graph_at(self._schedule, index, self._loss, self._precision)
+                           if self._schedule is not None else (self._loss, self._precision))
         recorder, seed = self._passes[id(loss)]
         losses = recorder.start()
         meter = self._meter if precision != "float" or self._schedule is None else None
         fed, watch = False, None           # unscaled (meter None): no scale to measure
-        if meter is not None:
+        if meter is not None and (meter.calibration_pending
+                                  or getattr(self._policy, "growth_mode", None) == "measured"):
             fed, watch = meter.before_passes(index, self._feed, self._zero_grads,
                                              lambda: recorder.forward(losses, 0, False))
         scale = 1.0 if meter is None else self._policy.loss_scale
@@ -238,7 +337,8 @@ class _LossScalingUpdater:
         what held a measured growth point short of that room, else None."""
         policy = self._policy
         due, before = outcome is Outcome.UPDATED and policy.growth_due, policy.loss_scale
-        room, free = meter.settled(measured, outcome.skipped)
+        room, free = (None, None) if measured is None else meter.settled(measured,
+                                                                          outcome.skipped)
         policy.update(outcome.skipped, room)      # the one place the policy hears of a step
         return meter.what_held(before, policy.loss_scale, room, free) if due else None
 

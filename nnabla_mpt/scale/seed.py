@@ -1,4 +1,4 @@
-"""The seed of a backward pass: the loss scale as an array, kept while the scale stays.
+"""The seed of a backward pass: the loss scale as the loss's dtype holds it.
 
 Given a number, ``loss.backward(scale)`` makes nnabla tell it from an array with a NumPy
 call, build a new array, fill it with the scale and drop it after the pass, at every
@@ -7,19 +7,17 @@ backward pass, a measurable part of an updater's step on small models on the CPU
 ``NdArray``, nnabla seeds the pass with that array itself, leaves it as it is and puts
 the loss's own gradient array back afterwards.
 So one array filled once per scale serves every pass at that scale, with the same values:
-nnabla fills the array it would make the same way, and casts it to the loss's dtype alike.
+nnabla fills the array it would make the same way, and casts it to the loss's dtype alike
+(:class:`~nnabla_mpt.step.step_loss.BackwardSeed` keeps it, beside the loss's arrays).
 
 Either way the pass starts from the scale *as the loss's dtype holds it*
 (:func:`held_scale`): 3000.7 is 3000.0 in a float16 seed, 17496 is 17504. The gradients
 carry that value, not the scale asked for, so it is the value divided out of them
 (:class:`~nnabla_mpt.step.unscale.Unscaler`) and the one every measurement of the room left to
-the gradients is taken in units of (:mod:`nnabla_mpt.scale.measured`); :attr:`BackwardSeed.held`
+the gradients is taken in units of (:mod:`nnabla_mpt.scale.measured`); :attr:`~nnabla_mpt.step.step_loss.BackwardSeed.held`
 keeps it beside the array, computed once per scale.
 """
 import numpy as np
-import nnabla as nn
-
-from ..core import graph
 
 
 def held_scale(scale: float, dtype: str) -> float:
@@ -56,33 +54,3 @@ def held_scale(scale: float, dtype: str) -> float:
         return float(np.uint32(bits).view(np.float32))
     raise ValueError(f"dtype={dtype!r} is not a dtype a loss is seeded in: 'float16', "
                      f"'bfloat16' or 'float32'")
-
-
-class BackwardSeed:
-    """The seed of the backward passes of one loss Variable.
-
-    Args:
-        loss: The loss Variable.
-
-    Attributes:
-        held: The value the seed of the last :meth:`at` holds, :func:`held_scale` of its
-            scale in the loss's dtype: the factor the gradients of its passes carry.
-    """
-    __slots__ = ("_shape", "_dtype", "_scale", "_array", "held")
-
-    def __init__(self, loss: "nn.Variable") -> None:
-        self._shape = loss.shape
-        self._dtype = graph.loss_dtype(loss)
-        self._scale = None
-        self._array = None
-        self.held = None
-
-    def at(self, scale: float) -> "nn.NdArray":
-        """An array of the loss's shape filled with ``scale``: the same array as long as the
-        scale is the same (and :attr:`held` its value in the loss's dtype)."""
-        if scale != self._scale:
-            array = nn.NdArray(self._shape)
-            array.fill(scale)
-            self.held = held_scale(scale, self._dtype)
-            self._array, self._scale = array, scale
-        return self._array

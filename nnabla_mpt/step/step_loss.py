@@ -1,4 +1,5 @@
-"""The step's loss: each micro-batch's loss kept in an array of its own, read when asked.
+"""The step's loss: each micro-batch's loss kept in an array of its own, read when asked;
+and the seed of its backward passes (:class:`BackwardSeed`).
 
 nnabla writes a loss into the same array at every forward pass: after a step ``loss.d``
 holds only the last micro-batch's loss, and a value kept for later is overwritten by the
@@ -33,7 +34,9 @@ from typing import Any, List, Sequence, Tuple, Union
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
 
+from ..core import graph
 from ..core._hostarray import dtype_of, host_view
+from ..scale.seed import held_scale
 
 _HOST = get_extension_context("cpu", type_config="float")
 
@@ -196,3 +199,34 @@ def checked_outputs(name: str, outputs: Any) -> Tuple["nn.Variable", ...]:
             raise ValueError(f"{name}[{i}] is given twice (also at "
                              f"{name}[{[w is v for w in outputs].index(True)}])")
     return tuple(outputs)
+
+
+class BackwardSeed:
+    """The seed of the backward passes of one loss Variable: an array of the loss's shape
+    filled with the scale, kept while the scale stays (see :mod:`nnabla_mpt.scale.seed`).
+
+    Args:
+        loss: The loss Variable.
+
+    Attributes:
+        held: The value the seed of the last :meth:`at` holds, :func:`held_scale` of its
+            scale in the loss's dtype: the factor the gradients of its passes carry.
+    """
+    __slots__ = ("_shape", "_dtype", "_scale", "_array", "held")
+
+    def __init__(self, loss: "nn.Variable") -> None:
+        self._shape = loss.shape
+        self._dtype = graph.loss_dtype(loss)
+        self._scale = None
+        self._array = None
+        self.held = None
+
+    def at(self, scale: float) -> "nn.NdArray":
+        """An array of the loss's shape filled with ``scale``: the same array as long as the
+        scale is the same (and :attr:`held` its value in the loss's dtype)."""
+        if scale != self._scale:
+            array = nn.NdArray(self._shape)
+            array.fill(scale)
+            self.held = held_scale(scale, self._dtype)
+            self._array, self._scale = array, scale
+        return self._array
