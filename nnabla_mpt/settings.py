@@ -239,5 +239,5 @@ gradient_stats_every = given("gradient_stats_every",
 
 precision = property(lambda updater: "float" if updater._switched() else updater._precision,
                      doc="``\"half\"`` or ``\"float\"``: the precision the next step runs in.")
-last_result = property(lambda updater: updater._last_result, doc=(
+last_result = property(lambda updater: updater._run.last_result, doc=(
     "The :class:`StepResult` of the last step, or None before the first."))

@@ -60,7 +60,8 @@ class StepLock:
     (its feeder or monitor), which would wait for itself."""
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()            # held by whoever runs
+        self._turns = threading.Condition()      # the waiting threads' queue and wake-ups
         self._running: Optional[int] = None      # the thread holding the lock, if any
         self._saving = False                     # whether it holds it for a save
         self._waiting: Deque[int] = deque()      # the threads waiting, first come first
@@ -71,24 +72,29 @@ class StepLock:
         save where ``save``; :meth:`leave` gives it back. Waiting threads take it in the
         order they came: a thread saving in a loop cannot keep the steps out."""
         me = threading.get_ident()
-        with self._changed:
+        if not self._waiting and self._lock.acquire(blocking=False):   # free: at once
+            self._saving, self._running = save, me
+            return
+        with self._turns:
             self._waiting.append(me)
             try:
-                while self._running is not None or self._waiting[0] != me:
-                    if self._running is not None and (
-                            self._running == me or not (save or self._saving)):
-                        raise _refused(f"{owner}.{what}", self._running == me)
-                    self._changed.wait()
+                while not (self._waiting[0] == me and self._lock.acquire(blocking=False)):
+                    running = self._running
+                    if running is not None and (running == me or not (save or self._saving)):
+                        raise _refused(f"{owner}.{what}", running == me)
+                    self._turns.wait(0.05)     # woken by leave(), or looks again
             finally:
                 self._waiting.remove(me)
-                self._changed.notify_all()
-            self._running, self._saving = me, save
+                self._turns.notify_all()
+        self._saving, self._running = save, me
 
     def leave(self) -> None:
-        """Gives back what :meth:`enter` took."""
-        with self._changed:
-            self._running, self._saving = None, False
-            self._changed.notify_all()
+        """Gives back what :meth:`enter` took, and wakes the threads waiting for it."""
+        self._running, self._saving = None, False
+        self._lock.release()
+        if self._waiting:
+            with self._turns:
+                self._turns.notify_all()
 
     @contextmanager
     def held(self, owner: str, what: str, save: bool = False) -> Iterator[None]:
@@ -145,6 +151,16 @@ def _refuse_copies(updater: Any, protocol: Any) -> Any:
                     f"built on the new graph (load_state_dict(), load_checkpoint(path))")
 
 
+class _Run:
+    """What an updater has run so far: its counters and its last result, apart from the
+    updater's own attributes, whose assignments are checked (:func:`_refuse_unknown`)."""
+    __slots__ = ("steps", "updates", "skipped_steps", "last_result")
+
+    def __init__(self) -> None:
+        self.steps = self.updates = self.skipped_steps = 0
+        self.last_result: Optional[StepResult] = None
+
+
 class _LossScalingUpdater:
     """The training step shared by every updater; see the subclasses. Its public
     attributes are listed below by name: the settings (:mod:`nnabla_mpt.settings`), the
@@ -198,8 +214,7 @@ class _LossScalingUpdater:
                                  opts.gradient_stats_every, scaling.scale == "auto",
                                  None if reduction is None else reduction.dtype_after,
                                  scaling.max_scale)
-        self._steps = self._updates = self._skipped_steps = 0
-        self._last_result: Optional[StepResult] = None
+        self._run = _Run()
 
     # -- what a script reads and sets, by name ----------------------------------------------
     scale, data_feeder, accum_grad = settings.scale, settings.data_feeder, settings.accum_grad
@@ -236,7 +251,7 @@ class _LossScalingUpdater:
 
     def _switched(self) -> bool:
         """Whether the precision schedule runs the next step in full precision."""
-        return self._schedule is not None and not self._schedule.reduced(self._steps)
+        return self._schedule is not None and not self._schedule.reduced(self._run.steps)
 
     # -- the step -----------------------------------------------------------------------
     def update(self) -> StepResult:
@@ -271,7 +286,8 @@ class _LossScalingUpdater:
             self._lock.leave()
 
     def _step(self, attempts: int) -> StepResult:
-        index = self._steps
+        run = self._run
+        index = run.steps
         loss, precision = (graph_at(self._schedule, index, self._loss, self._precision)
                            if self._schedule is not None else (self._loss, self._precision))
         recorder, seed = self._passes[id(loss)]
@@ -293,21 +309,21 @@ class _LossScalingUpdater:
             held_by = self._tell_policy(meter, outcome, measured)
         if fed and outcome is Outcome.BAD_BATCH:
             meter.calibration_pending = True           # the next step measures its own
-        self._steps += 1
+        run.steps += 1
         if skipped:
-            self._skipped_steps += 1
+            run.skipped_steps += 1
             self._collapse.count_skip(outcome)
         else:
             self._unscaler.apply()
-            self._updates += 1
+            run.updates += 1
             self._collapse.overflow_streak = 0
         schedule = self._schedule
         if schedule is not None and schedule.needs_loss and math.isfinite(losses.mean()):
             schedule.observe_loss(index, losses.mean())
         result = StepResult(index, skipped, scale, self._next_scale, attempts, precision,
                             stats, outcome is Outcome.BAD_BATCH, held_by,
-                            self._skipped_steps, losses)
-        self._last_result = result
+                            run.skipped_steps, losses)
+        run.last_result = result
         if self._monitor is not None:
             self._monitor(result)
         if skipped:
@@ -327,7 +343,7 @@ class _LossScalingUpdater:
         if outcome.skipped:
             return outcome, None
         measured = None if watch is None else self._meter.growth_room(watch, held)
-        norm = self._unscaler.unscale(held, self._updates)
+        norm = self._unscaler.unscale(held, self._run.updates)
         if norm is not None and not math.isfinite(norm):
             return Outcome.NONFINITE_NORM, measured
         return outcome, measured

@@ -8,8 +8,7 @@ the precision schedule's parts are theirs to check (:mod:`nnabla_mpt.scale.polic
 :mod:`nnabla_mpt.scale.precision`).
 """
 import copy
-from operator import attrgetter
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Callable, Dict, Mapping, Tuple
 
 from nnabla.logger import logger
 
@@ -34,13 +33,11 @@ _OPTION_OF_SETTING = {"growth_factor": "scaling_factor", "growth_interval": "N"}
 POLICY = "state['policy']"
 
 
-def _counter(name: str, doc: str) -> property:
-    """A counter of the updater as a documented attribute, kept in ``_<name>`` (which the
-    step loop updates directly). An assignment is refused with what to do instead: the
-    counters hold together (``steps == updates + skipped_steps``), and a state saved with
-    one of them set alone would not load."""
-    key = "_" + name
-
+def _counter(name: str, read: Callable[[Any], int], doc: str) -> property:
+    """A counter of the updater as a documented attribute, ``read`` from its record of the
+    run (which the step loop updates). An assignment is refused with what to do instead:
+    the counters hold together (``steps == updates + skipped_steps``), and a state saved
+    with one of them set alone would not load."""
     def set_(updater: Any, value: Any) -> None:
         raise AttributeError(
             f"{type(updater).__name__}.{name} = {value!r} refused: the counters are the "
@@ -48,16 +45,17 @@ def _counter(name: str, doc: str) -> property:
             f"update() and by load_state_dict()/load_checkpoint() only; count steps of your "
             f"own in a variable of the script")
 
-    return property(attrgetter(key), set_, doc=doc)
+    return property(lambda updater: read(updater._run), set_, doc=doc)
 
 
 #: The step counters an updater keeps and its state saves (``help()`` lists them).
-steps = _counter("steps", "Steps run so far (each ``update()`` runs one, whatever its "
-                 "retries): ``updates + skipped_steps``.")
-updates = _counter("updates", "Steps that updated the parameters.")
-skipped_steps = _counter("skipped_steps", "Steps skipped, leaving the parameters and the "
-                         "solver's state as they were: an overflow, a batch holding inf/NaN "
-                         "(``bad_batches``) or a gradient norm that is not finite.")
+steps = _counter("steps", lambda run: run.steps, "Steps run so far (each ``update()`` runs "
+                 "one, whatever its retries): ``updates + skipped_steps``.")
+updates = _counter("updates", lambda run: run.updates, "Steps that updated the parameters.")
+skipped_steps = _counter("skipped_steps", lambda run: run.skipped_steps, "Steps skipped, "
+                         "leaving the parameters and the solver's state as they were: an "
+                         "overflow, a batch holding inf/NaN (``bad_batches``) or a gradient "
+                         "norm that is not finite.")
 
 
 def checked(state: Any, updater_name: str, can_calibrate: bool) -> Dict[str, Any]:
@@ -201,8 +199,8 @@ def _state_of(self) -> Dict[str, Any]:
     return {"version": VERSION, "updater": _owner(self),
             "policy": self._policy.state_dict(),
             "precision": None if self._schedule is None else self._schedule.state_dict(),
-            "steps": self._steps, "updates": self._updates,
-            "skipped_steps": self._skipped_steps,
+            "steps": self._run.steps, "updates": self._run.updates,
+            "skipped_steps": self._run.skipped_steps,
             "overflow_streak": self._collapse.overflow_streak,
             "longest_overflow_streak": self._collapse.longest_overflow_streak,
             "bad_batches": self._collapse.bad_batches,
@@ -238,7 +236,7 @@ def _apply_state(self, state: Mapping[str, Any]) -> None:
     self._policy.load_state_dict(policy_state, name=POLICY)
     if self._schedule is not None:
         self._schedule.load_state_dict(state["precision"])
-    self._steps, self._updates, self._skipped_steps = (
+    self._run.steps, self._run.updates, self._run.skipped_steps = (
         checked["steps"], checked["updates"], checked["skipped_steps"])
     self._meter.load_state_dict(checked)
     self._collapse.overflow_streak = checked["overflow_streak"]
