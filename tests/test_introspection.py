@@ -130,3 +130,16 @@ def test_every_option_of_the_distributed_example_says_what_it_is_and_its_default
     for block in blocks:
         words = " ".join(block.split())
         assert re.search(r" [a-z][a-z ,':]+", words) and "(default: " in words, words
+
+
+@pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])
+def test_help_of_an_updater_shows_no_lock_and_no_mixin(cls):
+    text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
+    assert [c.__name__ for c in cls.__mro__] == [cls.__name__, "_LossScalingUpdater",
+                                                 "object"]
+    for member in ("enter", "leave", "between_steps", "held"):         # no lock's methods
+        assert not re.search(rf"\n \|  {member}(\(|\n)", text), member
+    for mixin in ("StepLock", "Resumable", "CollapseAttributes", "OneAtATime", "StepCounters"):
+        assert mixin not in text, mixin
+    public = [n for n in dir(cls) if not n.startswith("_")]
+    assert len(public) <= 42, public
