@@ -1,4 +1,5 @@
-"""The updaters' settings, one property each, and the lock that keeps one step at a time.
+"""The updaters' settings, one property each, and the checks they share with the
+constructors.
 
 nnabla's updater reads its attributes at every ``update()``, so scripts written for it
 assign them between steps (a weight-decay schedule, a new accumulation). Every public
@@ -8,8 +9,8 @@ step reads it. Assigning either takes effect from the next ``update()``, checked
 constructor checks it (a *live* setting), or is refused with an ``AttributeError`` that
 says what to do instead (:func:`fixed`). While ``update()`` runs (a data feeder, a
 monitor or another thread assigning) every assignment is refused (the step loop's
-:class:`~nnabla_mpt.step_loop.StepLock`):
-the running step would mix the old and the new value. Nothing is ignored.
+:class:`~nnabla_mpt.step_loop.StepLock`): the running step would mix the old and the new
+value. Nothing is ignored.
 """
 from dataclasses import replace
 from typing import Any, Callable, Optional
@@ -35,7 +36,6 @@ def checked_clip_grad_norm(value: Any) -> Optional[float]:
 def checked_accum_grad(value: Any) -> int:
     """``accum_grad``: an integer >= 1."""
     return check.integer("accum_grad", value, ge=1)
-
 
 
 def between_steps(updater: Any, name: str, value: Any):

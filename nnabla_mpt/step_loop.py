@@ -7,12 +7,14 @@ One call of ``update()`` runs the step (:meth:`_LossScalingUpdater.update`)::
                   measured growth: watch the step's backward passes    scale/measured.py
     accum_grad times: feed a batch, forward (with outputs=), backward with
                   the loss scale                                           step/step_loss.py
-    decide:       all-reduce (with a communicator), check for overflow distributed/agreement.py
-                  unscale, clip; a gradient norm not finite is an overflow   step/unscale.py
+    decide:       all-reduce (with a communicator), check for overflow: an Outcome
+                  (updated, or skipped and why)  step/decision.py, distributed/agreement.py
+                  unscale, clip; a clipping norm not finite skips it too    step/unscale.py
     good step:    weight decay, the scheduled learning rate, solver.update() step/unscale.py
     skipped step: parameters and solver states stay as they are
-    after:        tell the policy: the scale backs off or grows (measured growth:
-                  from the history of watched passes)     scale/policy.py, scale/measured.py
+    after:        tell the policy, in one place (_tell_policy): the scale backs off or
+                  grows (measured growth: from the history of watched passes)
+                                                          scale/policy.py, scale/measured.py
     after a skip: on a collapse, diagnose and act by floor_policy           step/collapse.py
 
 Settings a script changes between steps take effect from the next step; each is a
@@ -20,8 +22,8 @@ property of :mod:`nnabla_mpt.settings`, listed by name in the class.
 
 Both updaters run this loop; they differ in the policy that sets the scale and in their
 arguments, written out in their constructors and checked where they are made
-(:mod:`nnabla_mpt.options`). What a valid updater state is and how it
-is saved, :mod:`nnabla_mpt.updater_state` says.
+(:mod:`nnabla_mpt.updater`). What a valid updater state is and how it is saved,
+:mod:`nnabla_mpt.updater_state` says.
 """
 import difflib
 import math
@@ -203,17 +205,11 @@ class _LossScalingUpdater:
         self._monitor = opts.monitor
         batch = BatchCheck([self._loss, self._high_precision_loss], self._params)
         _set_up_reduction(self, opts, graphs, batch)
-        self._unscaler = Unscaler(solver, self._params, graph.float_context(self._loss),
-                                  opts.accum_grad, self._average_accum, opts.clip_grad_norm,
-                                  opts.weight_decay, opts.lr_scheduler)
-        self._collapse = CollapseWatch(opts.overflow.floor_policy, opts.overflow.diagnose_after,
-                                       self._params, self._detector, self._policy,
-                                       self._decider.agree_on_diagnosis, batch)
-        reduction = self._decider.reduction
-        self._meter = ScaleMeter(self._loss, self._params, self._policy, self._decider.gather,
-                                 opts.gradient_stats_every, scaling.scale == "auto",
-                                 None if reduction is None else reduction.dtype_after,
-                                 scaling.max_scale)
+        self._unscaler = Unscaler(solver, self._params, graph.float_context(self._loss), opts)
+        self._collapse = CollapseWatch(opts.overflow, self._params, self._detector,
+                                       self._policy, self._decider.agree_on_diagnosis, batch)
+        self._meter = ScaleMeter(self._loss, self._params, self._policy, self._decider,
+                                 opts.gradient_stats_every, scaling)
         self._run = _Run()
 
     # -- what a script reads and sets, by name ----------------------------------------------

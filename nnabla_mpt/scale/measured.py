@@ -129,16 +129,18 @@ class ScaleMeter:
         loss: The loss the scale applies to (the reduced-precision one).
         params: The solver's parameters (name -> Variable).
         policy: The loss-scale policy.
-        gather: ``(*values) -> for each value, the value of every rank`` (one small
-            all-reduce with a communicator; ``[[value], ...]`` without).
+        decider: The step's decider (:class:`~nnabla_mpt.step.decision.LocalDecision` or
+            :class:`~nnabla_mpt.distributed.agreement.StepAgreement`): its ``gather``,
+            ``(*values) -> for each value, the value of every rank`` (one small
+            all-reduce with a communicator; ``[[value], ...]`` without), and its
+            ``reduction``, whose ``dtype_after(dtype)`` is the dtype the step's all-reduce
+            leaves gradients of a dtype in (that of the communicator's reduction for
+            nnabla's, the gradients' own for :class:`~nnabla_mpt.MPICommunicator`), or None
+            where no all-reduce follows the backward pass.
         stats_every: Steps between gradient statistics (every ``K``-th step), or None.
-        calibrate: Whether the first step calibrates the scale (``scale="auto"``); kept
-            as ``auto_scale``.
-        reduced_dtype: ``dtype -> dtype``: the dtype the step's all-reduce leaves
-            gradients of a dtype in (that of the communicator's reduction for nnabla's,
-            the gradients' own for :class:`~nnabla_mpt.MPICommunicator`), or None where
-            no all-reduce follows the backward pass.
-        max_scale: The upper bound of the scale the user asked for, or None
+        scaling: The updater's scale arguments: its ``scale`` (``"auto"``: the first step
+            calibrates the scale; kept as ``auto_scale``) and its ``max_scale``, the upper
+            bound the user asked for, or None
             (:class:`~nnabla_mpt.scale.ceiling.GrowthLimit`).
 
     The parameters' gradients are bounded by the dtype they can overflow in, not by the
@@ -152,10 +154,11 @@ class ScaleMeter:
     bounded as if it summed in float16.
     """
 
-    def __init__(self, loss: Any, params: Mapping[str, Any], policy: Any,
-                 gather: Callable[..., List[List[float]]], stats_every: Optional[int],
-                 calibrate: bool, reduced_dtype: Optional[Callable[[str], str]] = None,
-                 max_scale: Optional[float] = None) -> None:
+    def __init__(self, loss: Any, params: Mapping[str, Any], policy: Any, decider: Any,
+                 stats_every: Optional[int], scaling: Any) -> None:
+        calibrate, max_scale = scaling.scale == "auto", scaling.max_scale
+        gather, reduction = decider.gather, decider.reduction
+        reduced_dtype = None if reduction is None else reduction.dtype_after
         self._loss = loss
         self._params = params
         self._policy = policy

@@ -29,14 +29,17 @@ from ..diagnosis.report import LossScaleCollapseError, OverflowReport
 from ..scale.policy import DynamicLossScale
 from .decision import Outcome
 from .detector import BatchCheck, OverflowDetector
+from .overflow_handling import OverflowHandling
 
 
 class CollapseWatch:
     """The overflow streak of an updater, and the diagnosis of a collapse.
 
     Args:
-        floor_policy: ``"raise"``, ``"warn"`` or ``"ignore"`` (checked by the caller).
-        diagnose_after: Consecutive overflowing steps that call for a diagnosis.
+        overflow: The updater's :class:`~nnabla_mpt.OverflowHandling`: its
+            ``floor_policy`` (``"raise"``, ``"warn"`` or ``"ignore"``) and
+            ``diagnose_after`` (consecutive overflowing steps that call for a diagnosis),
+            kept as attributes of those names.
         params: The solver's parameters (name -> Variable), named in the reports.
         detector: The overflow detector, for the debug line of a skipped step.
         policy: The loss-scale policy (is it dynamic, at its floor?).
@@ -51,12 +54,12 @@ class CollapseWatch:
         last_report: The report of the last diagnosis, or None.
     """
 
-    def __init__(self, floor_policy: str, diagnose_after: int, params: Mapping,
+    def __init__(self, overflow: OverflowHandling, params: Mapping,
                  detector: OverflowDetector, policy,
                  agree_on_diagnosis: Callable[["OverflowReport"], bool],
                  batch: BatchCheck) -> None:
-        self.floor_policy = floor_policy
-        self.diagnose_after = diagnose_after
+        self.floor_policy = overflow.floor_policy
+        self.diagnose_after = overflow.diagnose_after
         self._params = params
         self._detector = detector
         self._policy = policy

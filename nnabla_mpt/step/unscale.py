@@ -29,11 +29,12 @@ class Unscaler:
         params: Its parameters (name -> Variable), for the gradient norm.
         context: The float32 context of the device the gradients live on
             (:func:`nnabla_mpt.core.graph.float_context`): the norm is computed there.
-        accum_grad: The micro-batches whose gradients are summed per update.
-        average_accum: Whether their sum is divided by ``accum_grad``.
-        clip_grad_norm: The bound of the global L2 norm, or None.
-        weight_decay: The weight-decay rate, or None.
-        lr_scheduler: An object with ``get_learning_rate(iter)`` (nnabla's
+        options: The updater's checked options
+            (:class:`~nnabla_mpt.updater.UpdaterOptions`): ``accum_grad``, the
+            micro-batches whose gradients are summed per update, divided by it where
+            ``reduction.average_accum``; ``clip_grad_norm``, the bound of the global L2
+            norm, or None; ``weight_decay``, the rate, or None; ``lr_scheduler``, an object
+            with ``get_learning_rate(iter)`` (nnabla's
             ``nnabla.utils.learning_rate_scheduler``), keyed on applied updates, or None.
 
     ``clip`` (the bound) and ``weight_decay`` are kept as attributes of those names, the
@@ -41,16 +42,14 @@ class Unscaler:
     steps (:mod:`nnabla_mpt.settings`).
     """
 
-    def __init__(self, solver, params: Mapping, context, accum_grad: int,
-                 average_accum: bool, clip_grad_norm: Optional[float],
-                 weight_decay: Optional[float], lr_scheduler: Any = None) -> None:
+    def __init__(self, solver, params: Mapping, context, options: Any) -> None:
         self._solver = solver
-        self._lr_scheduler = lr_scheduler
+        self._lr_scheduler = options.lr_scheduler
         self._params = params
         self._context = context
-        self.set_accumulation(accum_grad, average_accum)
-        self.clip = clip_grad_norm
-        self.weight_decay = weight_decay
+        self.set_accumulation(options.accum_grad, options.reduction.average_accum)
+        self.clip = options.clip_grad_norm
+        self.weight_decay = options.weight_decay
         self._squared_norm = None          # built on first use by grad_norm()
         self._rate = None                  # the learning rate unscale() fetched
 
