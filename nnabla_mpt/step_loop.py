@@ -394,9 +394,11 @@ def _set_up_reduction(updater: "_LossScalingUpdater", opts: Any, graphs,
                               graphs, updater._params)
     float32_cpu = (updater._schedule is None and updater._dtype.name == "float32"
                    and graph.extension_of(updater._loss) == "cpu")
-    checks = overflow_checks(updater._detector.mode, opts.enable_overflow_check,
-                             updater._solver, updater._params, float32_cpu,
-                             graph.float_context(updater._loss), updater._comm is not None)
+    checks = (None, None)                        # enable_overflow_check=False: none
+    if opts.enable_overflow_check:
+        checks = overflow_checks(updater._detector.mode, updater._solver, updater._params,
+                                 float32_cpu, graph.float_context(updater._loss),
+                                 updater._comm is not None)
     float_only = updater._precision == "float" and updater._schedule is None
     if updater._comm is None:
         updater._decider, updater._shared_grads = LocalDecision(checks[0], batch), None

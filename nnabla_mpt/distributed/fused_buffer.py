@@ -18,14 +18,14 @@ shared-memory window, among the ranks of one machine).
 """
 import bisect
 import ctypes
-from typing import Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 _memmove = ctypes.memmove
 
 
-class Layout:
+class Layout(NamedTuple):
     """Where every (non-empty) array of one call sits in the fused buffer.
 
     Attributes:
@@ -35,16 +35,13 @@ class Layout:
         dtypes: Each piece's own dtype, or None when it holds the reduction dtype.
         converted: Whether any piece needs a dtype conversion.
     """
-    __slots__ = ("dtype", "total", "ptrs", "starts", "stops", "dtypes", "converted")
-
-    def __init__(self, dtype, total, ptrs, starts, stops, dtypes, converted):
-        self.dtype = dtype
-        self.total = total
-        self.ptrs = ptrs
-        self.starts = starts
-        self.stops = stops
-        self.dtypes = dtypes
-        self.converted = converted
+    dtype: np.dtype
+    total: int
+    ptrs: List[int]
+    starts: List[int]
+    stops: List[int]
+    dtypes: List[Optional[np.dtype]]
+    converted: bool
 
 
 def layout(arrays: Sequence, dtypes: Sequence[np.dtype], dtype: np.dtype, ctx) -> Layout:

@@ -103,16 +103,13 @@ def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object]
     return solver.check_inf_or_nan_grad
 
 
-def overflow_checks(mode: str, enabled: bool, solver, params: Dict[str, object],
-                    float32_cpu: bool, context, ranks: bool
-                    ) -> Tuple[Optional[Callable[[], bool]], ...]:
-    """``(check, inf_nan_check)`` of an updater (:func:`overflow_check`): the check of the
-    detector's ``mode`` and, with a communicator (``ranks``), the inf/NaN one for the
-    reduced gradients where a reduction cannot saturate (the same object in that mode;
-    None for one process, which checks its own gradients only); both None when not
-    ``enabled``."""
-    if not enabled:
-        return None, None
+def overflow_checks(mode: str, solver, params: Dict[str, object], float32_cpu: bool,
+                    context, ranks: bool) -> Tuple[Optional[Callable[[], bool]], ...]:
+    """``(check, inf_nan_check)`` of an updater that checks its steps
+    (:func:`overflow_check`): the check of the detector's ``mode`` and, with a
+    communicator (``ranks``), the inf/NaN one for the reduced gradients where a reduction
+    cannot saturate (the same object in that mode; None for one process, which checks its
+    own gradients only)."""
     check = overflow_check(OverflowDetector(mode), solver, params, float32_cpu, context)
     if mode == "inf_nan":
         return check, check
