@@ -57,6 +57,17 @@ def _scale_value(name: str, value: Any, **bounds) -> float:
     return scale
 
 
+class _Progress:
+    """What the steps change in a :class:`DynamicLossScale`: its scale, the good steps since
+    the last overflow or growth, and the overflows its hysteresis still tolerates. A record
+    of its own, so that a step's assignments pass no check of the policy's settings
+    (:meth:`DynamicLossScale.__setattr__` checks those)."""
+    __slots__ = ("scale", "good_steps", "hysteresis_left")
+
+    def __init__(self, scale: float, good_steps: int, hysteresis_left: int) -> None:
+        self.scale, self.good_steps, self.hysteresis_left = scale, good_steps, hysteresis_left
+
+
 class DynamicLossScale:
     """A loss scale that grows while steps are good and backs off on overflow.
 
@@ -116,10 +127,10 @@ class DynamicLossScale:
                     "backoff_factor": backoff_factor, "growth_interval": growth_interval,
                     "hysteresis": hysteresis, "min_scale": min_scale, "max_scale": max_scale,
                     "growth_mode": growth_mode}
-        self.__dict__.update(_checked_dynamic(
-            settings, lambda key: "init_scale" if key == "scale" else key))
-        self._good_steps = 0
-        self._hysteresis_left = self.hysteresis
+        fields = _checked_dynamic(settings, lambda key: "init_scale" if key == "scale" else key)
+        scale = fields.pop("scale")
+        self.__dict__.update(fields)
+        self._now = _Progress(scale, 0, self.hysteresis)
         self._seed_bounds = (0.0, math.inf)     # what the loss can seed, once bounded
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -134,26 +145,28 @@ class DynamicLossScale:
             raise AttributeError(f"DynamicLossScale has no setting {name!r} ({name} = "
                                  f"{value!r} refused); its settings: "
                                  f"{', '.join(self.SETTINGS)}")
-        values = dict({key: getattr(self, key) for key in self.SETTINGS}, scale=self._scale)
+        now = self._now
+        values = dict({key: getattr(self, key) for key in self.SETTINGS}, scale=now.scale)
         values[name] = value
         try:
             fields = _checked_dynamic(values, lambda key: key)
             _within_seed(fields, self._seed_bounds)
         except (TypeError, ValueError) as error:
             raise type(error)(f"DynamicLossScale.{name} = {value!r} refused: {error}") from None
+        del fields["scale"]                     # checked against the new bounds, unchanged
         self.__dict__.update(fields)
-        self._good_steps = min(self._good_steps, self.growth_interval - 1)
-        self._hysteresis_left = min(self._hysteresis_left, self.hysteresis)
+        now.good_steps = min(now.good_steps, self.growth_interval - 1)
+        now.hysteresis_left = min(now.hysteresis_left, self.hysteresis)
 
     @property
     def loss_scale(self) -> float:
         """The scale to use for the next step."""
-        return self._scale
+        return self._now.scale
 
     def set_loss_scale(self, scale: float) -> None:
         """Sets the scale, checked against the bounds; restarts the growth count."""
-        self._scale = _scale_in("scale", scale, self.min_scale, self.max_scale)
-        self._good_steps = 0
+        self._now.scale = _scale_in("scale", scale, self.min_scale, self.max_scale)
+        self._now.good_steps = 0
 
     def set_growth_interval(self, growth_interval: int) -> None:
         """Sets ``growth_interval`` (checked, ``>= 1``); a count of good steps already at
@@ -163,23 +176,23 @@ class DynamicLossScale:
     @property
     def good_steps(self) -> int:
         """Consecutive good steps since the last overflow or growth."""
-        return self._good_steps
+        return self._now.good_steps
 
     @property
     def hysteresis_left(self) -> int:
         """Overflows still tolerated before the next back-off."""
-        return self._hysteresis_left
+        return self._now.hysteresis_left
 
     @property
     def at_min_scale(self) -> bool:
         """Whether the scale sits at ``min_scale``, where a back-off can do nothing."""
-        return self._scale <= self.min_scale
+        return self._now.scale <= self.min_scale
 
     @property
     def growth_due(self) -> bool:
         """Whether the next step, if good, ends a growth interval: the step to measure in
         ``"measured"`` mode."""
-        return self._good_steps + 1 >= self.growth_interval
+        return self._now.good_steps + 1 >= self.growth_interval
 
     def update(self, overflow: bool, room: Optional[float] = None) -> bool:
         """Adjusts the scale after a step; returns ``overflow`` unchanged.
@@ -192,26 +205,27 @@ class DynamicLossScale:
                 margin); None when not measured. Ignored in ``"probe"`` mode.
         """
         overflow = bool(overflow)
+        now = self._now
         if overflow:
-            self._good_steps = 0
-            self._hysteresis_left = max(self._hysteresis_left - 1, 0)
-            if self._hysteresis_left == 0:
-                self._scale = max(self._scale * self.backoff_factor, self.min_scale)
+            now.good_steps = 0
+            now.hysteresis_left = max(now.hysteresis_left - 1, 0)
+            if now.hysteresis_left == 0:
+                now.scale = max(now.scale * self.backoff_factor, self.min_scale)
         else:
-            self._good_steps += 1
-            if self._good_steps >= self.growth_interval:
-                self._scale = self._grown(room)
-                self._good_steps = 0
-                self._hysteresis_left = self.hysteresis
+            now.good_steps += 1
+            if now.good_steps >= self.growth_interval:
+                now.scale = self._grown(room)
+                now.good_steps = 0
+                now.hysteresis_left = self.hysteresis
         return overflow
 
     def _grown(self, room: Optional[float]) -> float:
         """The scale after a growth: one factor, or as many as ``room`` allows."""
         cap = min(self.max_scale, SCALE_LIMIT)
-        factor = self.growth_factor
+        factor, scale = self.growth_factor, self._now.scale
         if self.growth_mode == "probe" or room is None:
-            return min(self._scale * factor, cap)
-        return min(self._scale * factor ** growth_factors(room, factor, self._scale, cap), cap)
+            return min(scale * factor, cap)
+        return min(scale * factor ** growth_factors(room, factor, scale, cap), cap)
 
     #: The constructor's arguments that a state carries besides the scale.
     SETTINGS = ("growth_factor", "backoff_factor", "growth_interval", "hysteresis",
@@ -220,8 +234,9 @@ class DynamicLossScale:
 
     def state_dict(self) -> Dict[str, Any]:
         """Every field as plain Python scalars, versioned."""
-        return {"version": _DYNAMIC_STATE_VERSION, "kind": self.kind, "scale": self._scale,
-                "good_steps": self._good_steps, "hysteresis_left": self._hysteresis_left,
+        now = self._now
+        return {"version": _DYNAMIC_STATE_VERSION, "kind": self.kind, "scale": now.scale,
+                "good_steps": now.good_steps, "hysteresis_left": now.hysteresis_left,
                 "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
                 "growth_interval": self.growth_interval, "hysteresis": self.hysteresis,
                 "min_scale": self.min_scale, "max_scale": self.max_scale,
@@ -244,9 +259,9 @@ class DynamicLossScale:
             raise ValueError(f"{name} is inconsistent: good_steps={good} must be < "
                              f"growth_interval={fresh['growth_interval']} and hysteresis_left="
                              f"{left} <= hysteresis={fresh['hysteresis']}")
+        scale = fresh.pop("scale")
         self.__dict__.update(fresh)
-        self._good_steps = good
-        self._hysteresis_left = left
+        self._now = _Progress(scale, good, left)    # its own record: a copy shares none
 
     def replaced_settings(self, state: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
         """The settings (:attr:`SETTINGS`) that loading ``state``, a state
@@ -256,17 +271,18 @@ class DynamicLossScale:
                 if state[name] != getattr(self, name)}
 
     def __repr__(self) -> str:
-        return (f"DynamicLossScale(scale={self._scale:g}, growth_factor={self.growth_factor:g}, "
-                f"backoff_factor={self.backoff_factor:g}, growth_interval="
-                f"{self.growth_interval}, hysteresis={self.hysteresis}, min_scale="
-                f"{self.min_scale:g}, max_scale={self.max_scale:g}, "
+        return (f"DynamicLossScale(scale={self._now.scale:g}, "
+                f"growth_factor={self.growth_factor:g}, "
+                f"backoff_factor={self.backoff_factor:g}, "
+                f"growth_interval={self.growth_interval}, hysteresis={self.hysteresis}, "
+                f"min_scale={self.min_scale:g}, max_scale={self.max_scale:g}, "
                 f"growth_mode={self.growth_mode!r})")
 
 
 def _checked_dynamic(values: Mapping[str, Any], name: Callable[[str], str]) -> Dict[str, Any]:
-    """The attributes of a :class:`DynamicLossScale` from ``values``, its settings and
-    ``"scale"`` (the keys of its state), each checked; ``name(key)``: how messages name a
-    value (``init_scale`` in the constructor, ``state['scale']`` in a state)."""
+    """The settings of a :class:`DynamicLossScale` and its ``"scale"`` from ``values``
+    (the keys of its state), each checked; ``name(key)``: how messages name a value
+    (``init_scale`` in the constructor, ``state['scale']`` in a state)."""
     lo, hi = name("min_scale"), name("max_scale")
     fields = {
         "growth_factor": check.real(name("growth_factor"), values["growth_factor"], gt=1.0),
@@ -282,8 +298,8 @@ def _checked_dynamic(values: Mapping[str, Any], name: Callable[[str], str]) -> D
     if fields["min_scale"] > fields["max_scale"]:
         raise ValueError(f"{lo} must be <= {hi}, got {lo}={values['min_scale']!r} and "
                          f"{hi}={values['max_scale']!r}")
-    fields["_scale"] = _scale_in(name("scale"), values["scale"], fields["min_scale"],
-                                 fields["max_scale"])
+    fields["scale"] = _scale_in(name("scale"), values["scale"], fields["min_scale"],
+                                fields["max_scale"])
     return fields
 
 

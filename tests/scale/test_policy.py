@@ -256,8 +256,10 @@ def test_dynamic_state_dict_has_every_field_as_plain_values():
                      "hysteresis_left": 2, "growth_factor": 3.0, "backoff_factor": 0.25,
                      "growth_interval": 5, "hysteresis": 3, "min_scale": 1.5,
                      "max_scale": 5000.0, "growth_mode": "probe"}
-    # Every attribute of the object is saved (none silently dropped on rebuild).
-    attributes = {name.lstrip("_") for name in vars(p)} - {"seed_bounds"}   # the updater's
+    # Every attribute of the object, and of its record of the steps, is saved (none
+    # silently dropped on rebuild); the seed's bounds are the updater's.
+    attributes = ({name.lstrip("_") for name in vars(p)} - {"seed_bounds", "now"}
+                  | set(type(p._now).__slots__))
     assert attributes <= set(state), f"not in state_dict: {attributes - set(state)}"
     assert json.loads(json.dumps(state)) == state
     assert all(type(v) in (int, float, str) for v in state.values())
