@@ -403,10 +403,11 @@ def _set_up_reduction(updater: "_LossScalingUpdater", opts: Any, graphs,
     if updater._comm is None:
         updater._decider, updater._shared_grads = LocalDecision(checks[0], batch), None
     else:
+        exchanged = agreement.StepExchange(updater._comm, updater._loss, updater._params,
+                                           updater._grads, reduction.shared_grads,
+                                           float_only, reduction.average_ranks)
         updater._decider, updater._shared_grads = agreement.decider(
-            updater._comm, updater._loss, updater._params, updater._grads,
-            reduction.shared_grads, float_only, checks, updater._detector.mode, batch, pack,
-            reduction.average_ranks)
+            exchanged, checks, updater._detector.mode, batch, pack)
         agreement.warn_float16_reduction(updater._decider.reduction, updater._precision,
                                          updater._schedule is not None,
                                          reduction.average_ranks)

@@ -70,6 +70,48 @@ def code_lines(source):
     return lines - docstrings
 
 
+#: Parameters (besides ``self``) an internal function takes at most: what travels together
+#: is one object. The public classes' constructors (the updaters, the policy,
+#: ``StepResult``) take the options they document.
+MAX_PARAMETERS = 6
+
+
+def parameter_counts(tree):
+    """``(qualified name, parameters besides self or cls)`` of every function in ``tree``."""
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            name = f"{prefix}{getattr(child, 'name', '')}"
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = child.args
+                names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+                count = len(names) - (names[:1] in (["self"], ["cls"]))
+                yield name, count + (args.vararg is not None) + (args.kwarg is not None)
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield from visit(child, name + ".")
+    return visit(tree, "")
+
+
+def test_no_internal_function_takes_more_than_six_parameters():
+    import nnabla_mpt
+    public = {f"{name}.__init__" for name in nnabla_mpt.__all__}
+    over = [f"{module}:{name} ({count})" for module in package_modules()
+            for name, count in parameter_counts(ast.parse((PACKAGE / module).read_text("utf-8")))
+            if count > MAX_PARAMETERS and name not in public]
+    assert not over
+
+
+def test_the_parameter_count_leaves_out_self_and_counts_the_rest():
+    source = """
+def f(a, b, *rest, c=1, **more): pass
+class C:
+    def m(self, a, /, b): pass
+    def outer(self):
+        def inner(x, y, z, t, u, v, w): pass
+"""
+    assert dict(parameter_counts(ast.parse(source))) == {
+        "f": 5, "C.m": 2, "C.outer": 0, "C.outer.inner": 7}
+
+
 def test_every_module_fits_on_a_few_pages():
     too_long = {}
     for name in package_modules():

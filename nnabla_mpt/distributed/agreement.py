@@ -29,7 +29,7 @@ saturated value can sum back below the threshold).
 """
 import hashlib
 import math
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,7 +49,9 @@ class StepAgreement:
     """The decision of every rank alike, from the reduced gradients.
 
     Args:
-        comm: The communicator (``all_reduce``, ``size``).
+        exchange: What the ranks reduce and how (:class:`StepExchange`): its ``comm``
+            (``all_reduce``, ``size``) and ``division`` (the step's all-reduce averages
+            over the ranks, ``average_ranks``).
         transport: What the step's all-reduce carries (:class:`ListTransport` or
             :class:`~nnabla_mpt.distributed.packed.PackedArrays`):
             ``reduce(comm, flags, division)`` reduces the gradients with the flags and
@@ -57,36 +59,25 @@ class StepAgreement:
         flags: The flags' codec (:func:`nnabla_mpt.distributed.exchange.step_flags`).
         reduction: What the all-reduce does to dtypes
             (:func:`nnabla_mpt.distributed.exchange.handshake`).
-        check: The overflow check of the solver's gradients, or None when checking is off;
-            kept as the attribute ``check``.
-        check_before: Check each rank's own gradients before the reduce too (see the
-            module's docstring).
-        check_after: The check of the reduced gradients, or None for ``check``: in the
-            saturation mode, where the reduction cannot saturate (it does not sum in
-            float16), the inf/NaN check: finite sums are no saturated values, and sums
-            written back into float16 arrays overflow to inf from 65520 on (below, they
-            round to 65504 at most), which it sees.
-        batch: The check of a skipped step's batch (:class:`~nnabla_mpt.step.detector.BatchCheck`).
-        division: The step's all-reduce averages over the ranks (``average_ranks``).
+        checks: The step's checks (:class:`StepChecks`); its ``check`` is kept as the
+            attribute ``check``.
         in_backward: ``() -> callback`` for the last backward pass of a step, where the
             gradients are reduced inside it (nnabla's communicators, ``all_reduce_callback``;
             the transport then carries the flags only), or None; kept as the attribute.
     """
 
-    def __init__(self, comm, transport, flags, reduction: exchange.Reduction,
-                 check: Optional[Callable[[], bool]], check_before: bool,
-                 batch: BatchCheck, division: bool = False,
-                 in_backward: Optional[Callable[[], Any]] = None,
-                 check_after: Optional[Callable[[], bool]] = None) -> None:
-        self._comm = comm
+    def __init__(self, exchange: "StepExchange", transport, flags,
+                 reduction: exchange.Reduction, checks: "StepChecks",
+                 in_backward: Optional[Callable[[], Any]] = None) -> None:
+        self._comm = exchange.comm
+        self._division = exchange.division
         self.transport = transport
         self._flags = flags
         self.reduction = reduction
-        self.check = check
-        self.check_before = check is not None and check_before
-        self.check_after = check_after
-        self._batch = batch
-        self._division = division
+        self.check = checks.check
+        self.check_before = checks.check is not None and checks.before
+        self.check_after = checks.after
+        self._batch = checks.batch
         self.in_backward = in_backward
 
     def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Outcome:
@@ -217,11 +208,56 @@ def same_model(comm, params: Mapping[str, "nn.Variable"],
     return reduction
 
 
-def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
-            grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
-            float_only: bool, checks: Tuple[Optional[Callable[[], bool]], ...], mode: str,
-            batch: BatchCheck, pack: Optional[int] = None, division: bool = False):
-    """``(decider, shared gradients)`` for an updater with the communicator ``comm``: a
+class StepExchange(NamedTuple):
+    """What the ranks reduce at each step, and how.
+
+    Attributes:
+        comm: The communicator.
+        loss: The step's loss (its float context holds a packed buffer).
+        params: The solver's parameters.
+        grads: The arrays to reduce, or None for the gradients of all of ``params``.
+        shared_grads: The option as the updaters take it (see :func:`use_shared_grads`).
+        float_only: The graph runs in float only (no float16 gradients).
+        division: The all-reduces average over the ranks (``average_ranks``).
+    """
+    comm: Any
+    loss: "nn.Variable"
+    params: Mapping[str, "nn.Variable"]
+    grads: Optional[Sequence["nn.NdArray"]]
+    shared_grads: Optional[bool]
+    float_only: bool
+    division: bool
+
+    def arrays(self) -> List["nn.NdArray"]:
+        """The arrays a step reduces: ``grads``, or the gradients of all of ``params``."""
+        grads = self.grads
+        return list(grads if grads is not None else (v.grad for v in self.params.values()))
+
+
+class StepChecks(NamedTuple):
+    """The checks a :class:`StepAgreement` makes.
+
+    Attributes:
+        check: The overflow check of the solver's gradients, or None when checking is off.
+        before: Check each rank's own gradients before the reduce too (see the module's
+            docstring).
+        after: The check of the reduced gradients, or None for ``check``: in the
+            saturation mode, where the reduction cannot saturate (it does not sum in
+            float16), the inf/NaN check: finite sums are no saturated values, and sums
+            written back into float16 arrays overflow to inf from 65520 on (below, they
+            round to 65504 at most), which it sees.
+        batch: The check of a skipped step's batch
+            (:class:`~nnabla_mpt.step.detector.BatchCheck`).
+    """
+    check: Optional[Callable[[], bool]]
+    before: bool
+    after: Optional[Callable[[], bool]]
+    batch: BatchCheck
+
+
+def decider(exchanged: StepExchange, checks: Tuple[Optional[Callable[[], bool]], ...],
+            mode: str, batch: BatchCheck, pack: Optional[int] = None):
+    """``(decider, shared gradients)`` for an updater with a communicator: a
     :class:`StepAgreement`. ``checks``: ``(check, inf_nan_check)``, the overflow check of
     ``mode`` and the inf/NaN one (None when checking is off). In the saturation ``mode``
     each rank's own gradients are checked before the reduce too, and the reduced ones are
@@ -231,42 +267,40 @@ def decider(comm, loss: "nn.Variable", params: Mapping[str, "nn.Variable"],
     they exchange and learn what the all-reduce does to dtypes (:func:`same_model`).
     With ``pack`` (``options.backward_reduction``) nnabla's callback reduces the gradients
     inside the last backward pass, in packs of that many values, and the step's
-    all-reduce carries the flags only; ``division``: the all-reduces average over the
-    ranks (``average_ranks``)."""
+    all-reduce carries the flags only."""
     check, inf_nan_check = checks
-    reduction = same_model(comm, params, grads)
-    transport, shared, flags = _transport(comm, reduction, loss, params, grads,
-                                          shared_grads, float_only, pack is None, division)
+    comm = exchanged.comm
+    reduction = same_model(comm, exchanged.params, exchanged.grads)
+    transport, shared, flags = _transport(exchanged, reduction, pack is None)
     in_backward = None
     if pack is not None:
-        gradients = exchanged_arrays(params, grads)
-        in_backward = lambda: comm.all_reduce_callback(gradients, pack,  # noqa: E731
-                                                       division=division)
+        gradients = exchanged.arrays()
+        in_backward = lambda: comm.all_reduce_callback(  # noqa: E731
+            gradients, pack, division=exchanged.division)
     saturating = mode != "inf_nan"
     after = inf_nan_check if saturating and not reduction.float16 else None
-    agreement = StepAgreement(comm, transport, flags, reduction, check, saturating, batch,
-                              division, in_backward, after)
+    agreement = StepAgreement(exchanged, transport, flags, reduction,
+                              StepChecks(check, saturating, after, batch), in_backward)
     return agreement, shared
 
 
-def _transport(comm, reduction: exchange.Reduction, loss: "nn.Variable",
-               params: Mapping[str, "nn.Variable"], grads, shared_grads: Optional[bool],
-               float_only: bool, with_gradients: bool, division: bool):
+def _transport(exchanged: StepExchange, reduction: exchange.Reduction, with_gradients: bool):
     """``(transport, shared gradients, flags' codec)`` of the step's all-reduce: a list
     (:class:`ListTransport`, :func:`reduce_list`) for :class:`~nnabla_mpt.MPICommunicator`,
     which fuses the arrays of a call, and the flags alone where the gradients are reduced
     in the backward pass (not ``with_gradients``); else the gradients and the flags in one
     buffer (:mod:`nnabla_mpt.distributed.packed` says why)."""
-    flags = exchange.step_flags(comm, reduction, division)
+    comm = exchanged.comm
+    flags = exchange.step_flags(comm, reduction, exchanged.division)
     if with_gradients and not isinstance(comm, MPICommunicator):
-        if shared_grads:
-            use_shared_grads(True, comm, grads, float_only, ())   # raises, naming why
-        packed = PackedArrays(exchanged_arrays(params, grads), flags.length,
-                              graph.float_context(loss))
+        if exchanged.shared_grads:
+            use_shared_grads(exchanged, ())   # raises, naming why
+        packed = PackedArrays(exchanged.arrays(), flags.length,
+                              graph.float_context(exchanged.loss))
         return packed, None, flags
     if not with_gradients:
         return ListTransport([nn.NdArray((flags.length,))]), None, flags
-    arrays, shared = reduce_list(comm, params, grads, shared_grads, float_only, flags.length)
+    arrays, shared = reduce_list(exchanged, flags.length)
     return ListTransport(arrays), shared, flags
 
 
@@ -333,41 +367,29 @@ def check_not_armed(comm) -> None:
             "comm.clear_all_reduce_callback() before using the updater")
 
 
-def reduce_list(comm, params: Mapping[str, "nn.Variable"],
-                grads: Optional[Sequence["nn.NdArray"]], shared_grads: Optional[bool],
-                float_only: bool, flags_length: int) -> Tuple[List["nn.NdArray"], object]:
-    """The arrays a step reduces, the flags last, and the :class:`SharedGradients` holding
-    them in the communicator's shared memory (or None).
-
-    ``shared_grads`` as the updaters take it (see :func:`use_shared_grads`);
-    ``float_only``: the graph runs in float only (no float16 gradients); ``flags_length``:
-    the elements of the step's flags.
-    """
+def reduce_list(exchanged: StepExchange,
+                flags_length: int) -> Tuple[List["nn.NdArray"], object]:
+    """The arrays a step reduces, the flags (``flags_length`` elements) last, and the
+    :class:`SharedGradients` holding them in the communicator's shared memory (or None)."""
     flags = nn.Variable((flags_length,))
-    placed = list(params.values()) + [flags]
-    if use_shared_grads(shared_grads, comm, grads, float_only, placed):
-        shared = comm.share_grads(placed)
+    placed = list(exchanged.params.values()) + [flags]
+    if use_shared_grads(exchanged, placed):
+        shared = exchanged.comm.share_grads(placed)
         return shared.arrays, shared   # kept current by shared.zero()
-    return exchanged_arrays(params, grads) + [flags.grad], None
+    return exchanged.arrays() + [flags.grad], None
 
 
-def exchanged_arrays(params: Mapping[str, "nn.Variable"],
-                     grads: Optional[Sequence["nn.NdArray"]]) -> List["nn.NdArray"]:
-    """The arrays a step reduces: ``grads``, or the gradients of all of ``params``."""
-    return list(grads if grads is not None else (v.grad for v in params.values()))
-
-
-def use_shared_grads(shared_grads: Optional[bool], comm, grads, float_only: bool,
-                     placed: Sequence["nn.Variable"]) -> bool:
+def use_shared_grads(exchanged: StepExchange, placed: Sequence["nn.Variable"]) -> bool:
     """Whether the updater puts the gradients in the communicator's shared memory.
 
-    ``None`` (auto): when the communicator offers it (``share_grads``, with more than one
-    rank and the shared-memory scheme), ``grads`` is not given and the graph runs in float
-    only (float16 gradients would leave the shared memory at every backward pass).
-    ``True`` asks for it and raises, naming the reason, where it cannot be done. If the
-    gradients do not fit in the machine's shared memory, auto logs a warning and does not
-    share them.
+    ``exchanged.shared_grads`` None (auto): when the communicator offers it
+    (``share_grads``, with more than one rank and the shared-memory scheme), ``grads`` is
+    not given and the graph runs in float only (float16 gradients would leave the shared
+    memory at every backward pass). ``True`` asks for it and raises, naming the reason,
+    where it cannot be done. If the gradients do not fit in the machine's shared memory,
+    auto logs a warning and does not share them.
     """
+    shared_grads, comm = exchanged.shared_grads, exchanged.comm
     if shared_grads is False:
         return False
     reasons = []
@@ -376,10 +398,10 @@ def use_shared_grads(shared_grads: Optional[bool], comm, grads, float_only: bool
     elif getattr(comm, "algorithm", None) != "shared_memory":
         reasons.append(f"the communicator uses algorithm={getattr(comm, 'algorithm', None)!r}, "
                        f"not 'shared_memory'")
-    if grads is not None:
+    if exchanged.grads is not None:
         reasons.append("grads is given (the updater can only place the gradients of the "
                        "solver's parameters)")
-    if not float_only:
+    if not exchanged.float_only:
         reasons.append("the graph runs in float16 (nnabla writes float16 gradients into "
                        "memory of its own)")
     if shared_grads is None and (reasons or comm.size == 1):
