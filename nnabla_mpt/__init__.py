@@ -28,7 +28,7 @@ _LAZY = {
     "LossScaleCollapseError": "diagnosis.report",
     "MPICommunicator": "distributed.communicator",
     "GradientReduction": "distributed.gradient_reduction",
-    "SharedGradients": "distributed.shared_grads",
+    "SharedGradients": "distributed.shared_gradients",
     "set_current_communicator": "distributed.launcher",
     "LossScaleCallback": "monitoring",
     "LossScaleMonitor": "monitoring",

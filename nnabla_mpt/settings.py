@@ -12,7 +12,6 @@ monitor or another thread assigning) every assignment is refused (the step loop'
 :class:`~nnabla_mpt.step_loop.StepLock`): the running step would mix the old and the new
 value. Nothing is ignored.
 """
-from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from .core import _validate as check
@@ -195,9 +194,10 @@ solver = built_around("solver", "The solver.", lambda updater: updater._solver,
                       "given and its parameters")
 loss = built_around("loss", "The loss Variable.", lambda updater: updater._loss,
                     "the step's passes, seeds and checks were built on its graph")
-shared_grads = built_around(
-    "shared_grads", "The :class:`~nnabla_mpt.SharedGradients` in use, or None.",
-    lambda updater: updater._shared_grads, "the gradients were placed (or not) in the "
+shared_gradients = built_around(
+    "shared_gradients", "The :class:`~nnabla_mpt.SharedGradients` in use (the gradients "
+    "``GradientReduction(shared_grads=...)`` placed in shared memory), or None.",
+    lambda updater: updater._shared_gradients, "the gradients were placed (or not) in the "
     "communicator's shared memory at construction")
 monitor = built_around(
     "monitor", "The step hook given as ``monitor=``, called with every step's result, or "
@@ -223,12 +223,7 @@ overflow = built_around(
         updater._collapse.diagnose_after), "its assignable fields are "
     "settings of their own (updater.max_retries, floor_policy, diagnose_after); for the "
     "others", " ")
-reduction = built_around(
-    "reduction", "The :class:`~nnabla_mpt.GradientReduction` in use, its fields as they are "
-    "now.", lambda updater: replace(updater._options.reduction,
-                                     average_accum=updater._average_accum),
-    "average_accum is a setting of "
-    "its own (updater.average_accum = ...); for the others", " ")
+reduction = given("reduction", lambda updater: updater._options.reduction)
 outputs = given("outputs", lambda updater: updater._options.outputs)
 lr_scheduler = given("lr_scheduler", lambda updater: updater._options.lr_scheduler)
 gradient_stats_every = given("gradient_stats_every",

@@ -201,7 +201,7 @@ class _LossScalingUpdater:
         self._stale = StaleInputs(graph.data_inputs(self._loss, self._params))
         self._clear_buffer, self._accum_grad = opts.clear_buffer, opts.accum_grad
         self._max_retries = opts.overflow.max_retries
-        self._average_accum = opts.reduction.average_accum
+        self._average_accum = opts.average_accum
         self._monitor = opts.monitor
         batch = BatchCheck([self._loss, self._high_precision_loss], self._params)
         _set_up_reduction(self, opts, graphs, batch)
@@ -219,7 +219,8 @@ class _LossScalingUpdater:
     max_retries, floor_policy = settings.max_retries, settings.floor_policy
     diagnose_after = settings.diagnose_after
     comm, grads, solver, loss = settings.comm, settings.grads, settings.solver, settings.loss
-    shared_grads, monitor, policy = settings.shared_grads, settings.monitor, settings.policy
+    shared_gradients, monitor = settings.shared_gradients, settings.monitor
+    policy = settings.policy
     enable_overflow_check = settings.enable_overflow_check
     schedule, overflow, reduction = settings.schedule, settings.overflow, settings.reduction
     outputs, lr_scheduler = settings.outputs, settings.lr_scheduler
@@ -401,17 +402,17 @@ def _set_up_reduction(updater: "_LossScalingUpdater", opts: Any, graphs,
                                  updater._comm is not None)
     float_only = updater._precision == "float" and updater._schedule is None
     if updater._comm is None:
-        updater._decider, updater._shared_grads = LocalDecision(checks[0], batch), None
+        updater._decider, updater._shared_gradients = LocalDecision(checks[0], batch), None
     else:
         exchanged = agreement.StepExchange(updater._comm, updater._loss, updater._params,
                                            updater._grads, reduction.shared_grads,
                                            float_only, reduction.average_ranks)
-        updater._decider, updater._shared_grads = agreement.decider(
+        updater._decider, updater._shared_gradients = agreement.decider(
             exchanged, checks, updater._detector.mode, batch, pack)
         agreement.warn_float16_reduction(updater._decider.reduction, updater._precision,
                                          updater._schedule is not None,
                                          reduction.average_ranks)
         agreement.warn_device_mismatch(updater._comm, updater._loss)
     updater._in_backward = updater._decider.in_backward
-    updater._zero_grads = (updater._solver.zero_grad if updater._shared_grads is None
-                           else updater._shared_grads.zero)
+    updater._zero_grads = (updater._solver.zero_grad if updater._shared_gradients is None
+                           else updater._shared_gradients.zero)

@@ -47,6 +47,7 @@ class UpdaterOptions:
     data_feeder: Optional[Callable[[], Any]] = None
     clear_buffer: bool = True
     accum_grad: int = 1
+    average_accum: bool = False
     weight_decay: Optional[float] = None
     comm: Any = None
     grads: Optional[Sequence["nn.NdArray"]] = None
@@ -66,6 +67,7 @@ class UpdaterOptions:
             "data_feeder": checked_feeder("data_feeder", self.data_feeder),
             "clear_buffer": check.boolean("clear_buffer", self.clear_buffer),
             "accum_grad": checked_accum_grad(self.accum_grad),
+            "average_accum": check.boolean("average_accum", self.average_accum),
             "weight_decay": checked_weight_decay(self.weight_decay),
             "comm": reduction_checks.communicator("comm", self.comm),
             "grads": reduction_checks.ndarrays("grads", self.grads),
@@ -122,7 +124,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
             of two the loss's dtype holds (``2**15`` for float16) is lowered to it, with an
             info line. A scale the loss's dtype holds only rounded (3000.7 is 3000 in
             float16) seeds the pass rounded, and the gradients are divided by that rounded
-            value (:func:`~nnabla_mpt.scale.seed.held_scale`).
+            value (:func:`~nnabla_mpt.core.dtypes.held_scale`).
         scaling_factor: Growth factor of the scale (> 1); the scale backs off by
             ``1 / scaling_factor``.
         N: Consecutive good steps before the scale grows by ``scaling_factor``.
@@ -135,6 +137,8 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
             parameters. Without ``comm`` there is nothing to reduce: a non-empty list is
             ignored with a warning (accepted, as nnabla's updater accepts it), ``[]``
             (nnabla's default) silently.
+        average_accum: Divide the gradients summed over the ``accum_grad`` micro-batches by
+            ``accum_grad`` (default: sum them, as nnabla's updater does).
         growth_mode: ``"probe"`` (default): grow by ``scaling_factor`` after ``N`` good
             steps, as nnabla's updater does; ``"measured"``: on the step where growth is
             due, watch the backward pass and grow by as many factors as the gradients leave
@@ -181,10 +185,10 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
             ``"saturation"``), ``max_retries`` within one ``update()``, and at a
             collapsing scale the ``floor_policy`` after ``diagnose_after`` overflowing
             steps. None (default): ``OverflowHandling()``.
-        reduction: How the gradients are summed, a :class:`~nnabla_mpt.GradientReduction`:
-            averaged over the micro-batches (``average_accum``) or the ranks
-            (``average_ranks``), reduced inside the backward pass (``all_reduce_callback``), in
-            shared memory (``shared_grads``), and whether a rank that raises aborts the job
+        reduction: How the gradients are summed over the ranks, a
+            :class:`~nnabla_mpt.GradientReduction`: averaged (``average_ranks``), reduced
+            inside the backward pass (``backward_pack_size``), in shared memory
+            (``shared_grads``), and whether a rank that raises aborts the job
             (``abort_on_exception``). None (default): ``GradientReduction()``.
         schedule: A precision schedule, a :class:`~nnabla_mpt.PrecisionSchedule`: reduced
             precision (``loss``) first, then full precision (its ``high_precision_loss``,
@@ -216,6 +220,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                  N: int = 2000, clear_buffer: bool = True, accum_grad: int = 1,
                  weight_decay: Optional[float] = None, comm: Any = None,
                  grads: Optional[Sequence["nn.NdArray"]] = None, *,
+                 average_accum: bool = False,
                  growth_mode: GrowthMode = "probe",
                  policy: Optional[DynamicLossScale] = None,
                  clip_grad_norm: Optional[float] = None,
@@ -227,6 +232,7 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                  schedule: Optional[PrecisionSchedule] = None) -> None:
         opts = UpdaterOptions(
             data_feeder=data_feeder, clear_buffer=clear_buffer, accum_grad=accum_grad,
+            average_accum=average_accum,
             weight_decay=weight_decay, comm=comm, grads=grads,
             clip_grad_norm=clip_grad_norm, monitor=monitor, outputs=outputs,
             lr_scheduler=lr_scheduler, gradient_stats_every=gradient_stats_every,
@@ -293,6 +299,7 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
         weight_decay: As :class:`DynamicLossScalingUpdater` takes it.
         comm: As :class:`DynamicLossScalingUpdater` takes it.
         grads: As :class:`DynamicLossScalingUpdater` takes it.
+        average_accum: As :class:`DynamicLossScalingUpdater` takes it.
         clip_grad_norm: As :class:`DynamicLossScalingUpdater` takes it.
         monitor: As :class:`DynamicLossScalingUpdater` takes it.
         outputs: As :class:`DynamicLossScalingUpdater` takes it.
@@ -308,6 +315,7 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                  enable_overflow_check: bool = True, clear_buffer: bool = True,
                  accum_grad: int = 1, weight_decay: Optional[float] = None, comm: Any = None,
                  grads: Optional[Sequence["nn.NdArray"]] = None, *,
+                 average_accum: bool = False,
                  clip_grad_norm: Optional[float] = None,
                  monitor: Optional[Callable[[StepResult], Any]] = None,
                  outputs: Optional[Sequence["nn.Variable"]] = None, lr_scheduler: Any = None,
@@ -317,6 +325,7 @@ class FixedLossScalingUpdater(_LossScalingUpdater):
                  schedule: Optional[PrecisionSchedule] = None) -> None:
         opts = UpdaterOptions(
             data_feeder=data_feeder, clear_buffer=clear_buffer, accum_grad=accum_grad,
+            average_accum=average_accum,
             weight_decay=weight_decay, comm=comm, grads=grads,
             enable_overflow_check=enable_overflow_check, clip_grad_norm=clip_grad_norm,
             monitor=monitor, outputs=outputs, lr_scheduler=lr_scheduler,

@@ -98,8 +98,8 @@ def updater_options(case: dict, float_loss) -> dict:
             growth_mode=kwargs.pop("growth_mode"))
     kwargs["overflow"] = OverflowHandling(case["overflow_mode"], case["max_retries"],
                                           case["floor_policy"], case["diagnose_after"])
-    kwargs["reduction"] = GradientReduction(case["average_accum"],
-                                            case.get("average_ranks", False))
+    kwargs["average_accum"] = case["average_accum"]
+    kwargs["reduction"] = GradientReduction(average_ranks=case.get("average_ranks", False))
     if "accelerate_train_mode" in case:
         kwargs["schedule"] = PrecisionSchedule(case["accelerate_train_mode"],
                                                total_steps=case["total_steps"],

@@ -41,7 +41,7 @@ def test_page_examples_run(page, tmp_path):
 
 MODULES = ["nnabla_mpt.scale.policy", "nnabla_mpt.step.detector", "nnabla_mpt.updater",
            "nnabla_mpt.scale.scale_history",
-           "nnabla_mpt.diagnosis.diagnosis", "nnabla_mpt.monitoring", "nnabla_mpt.scale.seed",
+           "nnabla_mpt.diagnosis.diagnosis", "nnabla_mpt.monitoring", "nnabla_mpt.core.dtypes",
            "nnabla_mpt.report.run_report"]
 
 

@@ -175,7 +175,7 @@ def test_every_option_is_keyword_only_documented_and_known(cls):
     params = inspect.signature(cls).parameters
     keyword = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY]
     assert {"overflow", "reduction", "schedule", "clip_grad_norm"} <= set(keyword)
-    assert len(params) == (21 if cls is DynamicLossScalingUpdater else 18)
+    assert len(params) == (22 if cls is DynamicLossScalingUpdater else 19)
     for name in list(params)[2:]:
         assert f"\n        {name}: " in cls.__doc__, f"{name} is not documented"
     net = Net()

@@ -33,16 +33,13 @@ def _run(setting, kind="Momentum", steps=7):
     net = Net()
     start = net.snapshot()
     kwargs = {"accum_grad": 2} if setting == "average_accum" else {}
-    if setting == "average_accum":
-        kwargs["reduction"] = GradientReduction(average_accum=True)
-    else:
-        kwargs[setting] = before
+    kwargs[setting] = before
     kwargs.setdefault("N", 2)
     updater = DynamicLossScalingUpdater(net.solver(kind, **SOLVERS[kind]), net.loss,
                                         net.feeder, scale=64.0, **kwargs)
     ref = ReferenceTraining(start, kind, scale=64.0, N=kwargs["N"],
                             accum=kwargs.get("accum_grad", 1),
-                            average=setting == "average_accum",
+                            average=kwargs.get("average_accum", False),
                             wd=kwargs.get("weight_decay"), clip=kwargs.get("clip_grad_norm"))
     batch = 0
     for i in range(steps):
@@ -111,7 +108,7 @@ def test_retries_without_the_check_are_refused_as_at_construction():
     assert updater.max_retries == 0
 
 
-@pytest.mark.parametrize("setting", ["comm", "grads", "solver", "loss", "shared_grads",
+@pytest.mark.parametrize("setting", ["comm", "grads", "solver", "loss", "shared_gradients",
                                      "monitor", "enable_overflow_check", "policy",
                                      "schedule"])
 def test_a_setting_the_step_was_built_around_refuses_assignment(setting):
@@ -138,7 +135,7 @@ def test_scaling_factor_keeps_a_given_backoff():
 
 
 @pytest.mark.parametrize("setting, spelling", [
-    ("growth_mode", "growth_mode="), ("lr_scheduler", "lr_scheduler="),
+    ("reduction", "reduction="), ("lr_scheduler", "lr_scheduler="),
     ("gradient_stats_every", "gradient_stats_every="), ("outputs", "outputs=")])
 def test_any_other_option_is_read_only_and_says_where_to_pass_it(setting, spelling):
     net = Net()
@@ -159,13 +156,12 @@ def test_the_objects_read_as_the_settings_are_now():
     net = Net()
     updater = DynamicLossScalingUpdater(
         net.solver(), net.loss, net.feeder, accum_grad=2,
-        overflow=OverflowHandling(mode="saturation", diagnose_after=3),
-        reduction=GradientReduction(average_accum=True))
+        overflow=OverflowHandling(mode="saturation", diagnose_after=3), average_accum=True)
     updater.floor_policy, updater.diagnose_after, updater.max_retries = "warn", 5, 2
     updater.average_accum = False
     assert updater.overflow == OverflowHandling(mode="saturation", max_retries=2,
                                                 floor_policy="warn", diagnose_after=5)
-    assert updater.reduction == GradientReduction(average_accum=False)
+    assert updater.average_accum is False and updater.reduction == GradientReduction()
     for name, value in [("overflow", OverflowHandling()), ("reduction", GradientReduction()),
                         ("policy", None), ("schedule", None)]:
         with pytest.raises(AttributeError, match=rf"{name} cannot be changed after "
@@ -232,7 +228,7 @@ def test_a_setting_assigned_during_update_is_refused():
             errors.append(str(error))
 
     updater = DynamicLossScalingUpdater(net.solver(), net.loss, feeder,
-                                        reduction=GradientReduction(average_accum=True))
+                                        average_accum=True)
     assert updater.update().updated
     assert updater.accum_grad == 1 and len(errors) == 1
     assert "accum_grad = 2 refused during update()" in errors[0]
@@ -312,7 +308,7 @@ def test_a_setting_assigned_from_another_thread_during_update_is_refused():
 
 
 LIVE = {"data_feeder", "scale", "scaling_factor", "N", "clear_buffer", "accum_grad",
-        "weight_decay", "clip_grad_norm"}
+        "average_accum", "weight_decay", "clip_grad_norm"}
 
 
 @pytest.mark.parametrize("cls", [DynamicLossScalingUpdater, FixedLossScalingUpdater])

@@ -116,7 +116,7 @@ def test_average_accum_divides_by_accum_grad(kind):
     updater = DynamicLossScalingUpdater(net.solver(kind, **SOLVERS[kind]), net.loss,
                                         net.feeder, scale=64.0, accum_grad=3,
                                         weight_decay=1e-2,
-                                        reduction=GradientReduction(average_accum=True))
+                                        average_accum=True)
     ref = ReferenceTraining(start, kind, scale=64.0, accum=3, wd=1e-2, average=True)
     _run_and_compare(net, updater, ref, steps=5)
 
@@ -127,7 +127,7 @@ def test_average_accum_differs_from_the_default_sum():
         net = Net(scope=f"avg{average}")
         updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
                                             accum_grad=3,
-                                            reduction=GradientReduction(average_accum=average))
+                                            average_accum=average)
         updater.update()
         finals.append(net.snapshot())
     assert not np.allclose(finals[0][W], finals[1][W])

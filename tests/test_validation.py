@@ -89,7 +89,7 @@ DYNAMIC_CASES = [
 @pytest.mark.parametrize("keyword, value", [
     ("min_scale", 2.0), ("max_scale", 2.0 ** 10), ("backoff_factor", 0.25), ("hysteresis", 2),
     ("overflow_mode", "saturation"), ("max_retries", 2), ("floor_policy", "warn"),
-    ("diagnose_after", 2), ("average_accum", True), ("average_ranks", True),
+    ("diagnose_after", 2), ("average_ranks", True),
     ("all_reduce_callback", 1024), ("shared_grads", False), ("abort_on_exception", False),
     ("accelerate_train_mode", "fast|step|0.9"), ("total_steps", 10), ("final_loss", 0.1),
     ("high_precision_loss", None)])
@@ -308,8 +308,6 @@ def test_dynamic_policy_arguments(kwargs, exc, message):
      r"^OverflowHandling\.max_retries must be >= 0, got -1$"),
     (lambda: OverflowHandling(max_retries=1.5), TypeError,
      r"^OverflowHandling\.max_retries must be an integer, got 1\.5"),
-    (lambda: GradientReduction(average_accum=1), TypeError,
-     r"^GradientReduction\.average_accum must be True or False, got 1 "),
     (lambda: GradientReduction(average_ranks=None), TypeError,
      r"^GradientReduction\.average_ranks must be True or False, got None"),
 ])

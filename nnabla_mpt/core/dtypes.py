@@ -3,7 +3,8 @@
 Pure Python at import (no nnabla, no NumPy): the policies import it. The helpers that
 read an array's dtype and values (:func:`dtype_name`, :func:`narrowest_float`,
 :func:`array_stats`), which the watches of a pass and the gradient statistics use on
-every step they watch, are here too; those that need NumPy import it when called.
+every step they watch, are here too, and the value a backward pass seeded in a dtype
+starts from (:func:`held_scale`); those that need NumPy import it when called.
 
 Example:
     >>> from nnabla_mpt.core.dtypes import FLOATS
@@ -106,3 +107,43 @@ def array_stats(arr: Any) -> Tuple[int, float, float]:
         return bad, float("nan"), float("nan")
     aa = np.abs(a[fin] if bad else a).astype(np.float64)
     return bad, float(aa.max()), float(aa.min())
+
+
+def held_scale(scale: float, dtype: str) -> float:
+    """The value a backward pass seeded with ``scale`` in ``dtype`` (the loss's:
+    :func:`~nnabla_mpt.core.graph.loss_dtype`) starts from: the scale rounded to that dtype,
+    computed on the host (see the examples below). The gradients carry that value, not the
+    scale asked for, so it is the value divided out of them
+    (:class:`~nnabla_mpt.step.unscale.Unscaler`) and the one every measurement of the room
+    left to the gradients is taken in units of (:mod:`nnabla_mpt.scale.measured`).
+
+    nnabla fills the seed from a C float: the scale is rounded to float32 first, then to
+    the loss's dtype, to nearest (ties to even), ``inf`` beyond its range. This holds for
+    every scale the updaters run with (from the dtype's smallest positive value up); below
+    it nnabla's float16 seed is 0. bfloat16, which only GPU extensions run, is taken to
+    round the same way.
+
+    Example:
+        >>> held_scale(3000.7, "float16"), held_scale(17496.0, "float16")
+        (3000.0, 17504.0)
+        >>> held_scale(3000.7, "float32"), held_scale(2.0 ** 15, "float16")
+        (3000.699951171875, 32768.0)
+
+    Raises:
+        ValueError: ``dtype`` is not ``"float16"``, ``"bfloat16"`` or ``"float32"``.
+    """
+    import numpy as np
+    with np.errstate(over="ignore"):
+        single = np.float32(scale)
+        if dtype == "float32":
+            return float(single)
+        if dtype == "float16":
+            return float(np.float16(single))
+    if dtype == "bfloat16":
+        if np.isnan(single):
+            return float(single)
+        bits = int(single.view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000    # nearest, ties to even
+        return float(np.uint32(bits).view(np.float32))
+    raise ValueError(f"dtype={dtype!r} is not a dtype a loss is seeded in: 'float16', "
+                     f"'bfloat16' or 'float32'")

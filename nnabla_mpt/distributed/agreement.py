@@ -62,7 +62,7 @@ class StepAgreement:
         checks: The step's checks (:class:`StepChecks`); its ``check`` is kept as the
             attribute ``check``.
         in_backward: ``() -> callback`` for the last backward pass of a step, where the
-            gradients are reduced inside it (nnabla's communicators, ``all_reduce_callback``;
+            gradients are reduced inside it (nnabla's communicators, ``backward_pack_size``;
             the transport then carries the flags only), or None; kept as the attribute.
     """
 

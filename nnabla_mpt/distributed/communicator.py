@@ -8,7 +8,7 @@ The class checks arguments, counts and dispatches; the work is done in modules n
 after it: ``fused_buffer`` (the fused buffer of an all-reduce) and its two reductions,
 ``shared_memory_reduction`` (through shared memory, in place where the arrays lie in
 ``shared_arrays``) and ``message_reduction`` (through MPI collectives), ``broadcast`` (bcast
-and broadcast_parameters), ``shared_grads`` (share_grads and the free-space check),
+and broadcast_parameters), ``shared_gradients`` (share_grads and the free-space check),
 ``collective_timeout`` (no collective waits forever),
 ``reduce_callback`` (all_reduce_callback: the reduction armed for the next solver
 operation), ``nnabla_api`` (``init``, ``all_gather`` and the methods of nnabla's API it
@@ -22,7 +22,7 @@ import nnabla as nn
 
 from ..core._hostarray import dtype_of
 from ..core._validate import boolean
-from . import memory_room, shared_grads
+from . import memory_room, shared_gradients
 from ._collective_args import check_group, ndarray_list
 from .abort import abort_job, install_excepthook
 from .broadcast import Broadcast
@@ -31,7 +31,7 @@ from .fused_buffer import layout
 from .message_reduction import MessageReduction
 from .nnabla_api import NnablaCommunicatorAPI
 from .reduce_callback import AllReduceCallback, DeferredAllReduce
-from .shared_grads import ShareGrads, SharedGradients
+from .shared_gradients import ShareGrads, SharedGradients
 from .shared_memory_reduction import SharedMemoryReduction, window_bytes
 
 __all__ = ["MPICommunicator", "SharedGradients"]
@@ -187,7 +187,7 @@ class MPICommunicator(AllReduceCallback, Broadcast, ShareGrads, NnablaCommunicat
                                     if what == "all_reduce" else None)
         from nnabla.ext_utils import get_extension_context
         self._host_ctx = get_extension_context("cpu")
-        self._windows = shared_grads.GradientWindows(MPI, comm, self._host_ctx)
+        self._windows = shared_gradients.GradientWindows(MPI, comm, self._host_ctx)
         self._deferred = DeferredAllReduce(self)
         self.n_all_reduce_calls = self.n_bcast_calls = self.n_collectives = 0
         self.abort_on_exception = abort_on_exception

@@ -13,14 +13,12 @@ from .communicator import MPICommunicator
 
 @dataclass(frozen=True)
 class GradientReduction:
-    """How the updaters sum the gradients of a step.
+    """How the updaters sum the gradients of a step over the ranks.
 
     Args:
-        average_accum: Divide the gradients accumulated over ``accum_grad`` micro-batches
-            by ``accum_grad`` (default: sum, as nnabla's updater does).
         average_ranks: Divide the gradients reduced over the ranks by their number
             (default: sum, as nnabla's updater does).
-        all_reduce_callback: Reduce the gradients inside the last micro-batch's backward
+        backward_pack_size: Reduce the gradients inside the last micro-batch's backward
             pass, in packs of this many values (nnabla-examples use ``2 << 20``), with the
             communicator's ``all_reduce_callback``: with nnabla's communicators (NCCL) the
             reduction overlaps the pass. None (default): one all-reduce after the pass.
@@ -59,20 +57,18 @@ class GradientReduction:
         >>> GradientReduction(average_ranks=True).average_ranks
         True
     """
-    average_accum: bool = False
     average_ranks: bool = False
-    all_reduce_callback: Optional[int] = None
+    backward_pack_size: Optional[int] = None
     shared_grads: Optional[bool] = None
     abort_on_exception: bool = True
 
     def __post_init__(self) -> None:
         name = f"{type(self).__name__}."
-        pack, shared = self.all_reduce_callback, self.shared_grads
+        pack, shared = self.backward_pack_size, self.shared_grads
         checked = {
-            "average_accum": check.boolean(name + "average_accum", self.average_accum),
             "average_ranks": check.boolean(name + "average_ranks", self.average_ranks),
-            "all_reduce_callback": None if pack is None else check.integer(
-                name + "all_reduce_callback", pack, ge=1),
+            "backward_pack_size": None if pack is None else check.integer(
+                name + "backward_pack_size", pack, ge=1),
             "shared_grads": None if shared is None else check.boolean(name + "shared_grads",
                                                                       shared),
             "abort_on_exception": check.boolean(name + "abort_on_exception",
@@ -85,39 +81,39 @@ def backward_reduction(reduction: GradientReduction, comm: Any, saturation: bool
                        losses: Sequence["nn.Variable"],
                        params: Mapping[str, "nn.Variable"]) -> Optional[int]:
     """The pack size of the all-reduce inside the backward pass that
-    ``reduction.all_reduce_callback`` asks for, or None where the gradients are reduced
+    ``reduction.backward_pack_size`` asks for, or None where the gradients are reduced
     after the pass: none asked for, or an :class:`MPICommunicator` (logged), whose
     reduction cannot run inside nnabla's backward pass. ``saturation``: the overflow
     check's mode is ``"saturation"``; ``losses``: the graphs the step runs."""
-    pack = reduction.all_reduce_callback
+    pack = reduction.backward_pack_size
     if pack is None:
         return None
     if comm is None:
-        raise ValueError(f"all_reduce_callback={pack!r} needs a communicator (comm=...): it "
+        raise ValueError(f"backward_pack_size={pack!r} needs a communicator (comm=...): it "
                          f"reduces the gradients over the ranks inside the backward pass")
     if isinstance(comm, MPICommunicator):
-        logger.info(f"nnabla_mpt: all_reduce_callback={pack!r}: MPICommunicator reduces the "
+        logger.info(f"nnabla_mpt: backward_pack_size={pack!r}: MPICommunicator reduces the "
                     f"gradients after the backward pass (a CPU all-reduce cannot run inside "
                     f"nnabla's backward), with the same result")
         return None
     from nnabla.communicators import Communicator
     if not isinstance(comm, Communicator):
-        raise ValueError(f"all_reduce_callback={pack!r} needs nnabla's communicator (whose "
+        raise ValueError(f"backward_pack_size={pack!r} needs nnabla's communicator (whose "
                          f"callbacks run inside nnabla's backward pass) or an "
                          f"MPICommunicator, got comm of type {type(comm).__name__}")
     if saturation:
-        raise ValueError(f"all_reduce_callback={pack!r} cannot be combined with "
+        raise ValueError(f"backward_pack_size={pack!r} cannot be combined with "
                          f"overflow mode 'saturation': that mode checks each rank's own "
                          f"gradients before the reduction, which would run inside the "
                          f"backward pass; use OverflowHandling(mode='inf_nan') or "
-                         f"all_reduce_callback=None")
+                         f"backward_pack_size=None")
     shared = sorted({name for loss in losses for name in graph.shared_parameters(loss, params)})
     if shared:
-        raise ValueError(f"all_reduce_callback={pack!r} cannot train parameters that several "
+        raise ValueError(f"backward_pack_size={pack!r} cannot train parameters that several "
                          f"functions read ({', '.join(shared[:5])}"
                          f"{', ...' if len(shared) > 5 else ''}): nnabla's callback reduces a "
                          f"gradient when a function reading it has run its backward, so "
-                         f"once per reader; use all_reduce_callback=None")
+                         f"once per reader; use backward_pack_size=None")
     return pack
 
 

@@ -12,8 +12,7 @@ from nnabla.logger import logger
 
 from ..core import _validate as check
 from ..core.dtypes import FloatType
-from .policy import (DEFAULT_MAX_SCALE, DEFAULT_MIN_SCALE, GROWTH_MODES, DynamicLossScale,
-                     FixedLossScale)
+from .policy import DEFAULT_MAX_SCALE, DEFAULT_MIN_SCALE, DynamicLossScale, FixedLossScale
 
 #: The dynamic updater's defaults of nnabla's ``scale``, ``scaling_factor`` and ``N``, and of
 #: ``growth_mode``: with ``policy=``, the policy holds them and these stay as they are.
@@ -34,6 +33,7 @@ class DynamicPolicyArguments:
     """The dynamic updater's arguments that make its policy, checked when made: nnabla's
     ``scale``, ``scaling_factor`` and ``N`` with ``growth_mode``, or a ``policy`` (a
     :class:`DynamicLossScale`, which holds all of them; ``scale="auto"`` may go with it).
+    ``growth_mode`` is the policy's: it is checked where the policy is made.
     :meth:`policy_for` makes the policy the updater runs, or bounds the one given.
 
     Attributes:
@@ -55,7 +55,6 @@ class DynamicPolicyArguments:
             return
         check.real("scaling_factor", self.scaling_factor, gt=1.0)
         check.integer("N", self.N, ge=1)
-        check.choice("growth_mode", self.growth_mode, GROWTH_MODES)
         if scale != "auto" and not DEFAULT_MIN_SCALE <= scale <= DEFAULT_MAX_SCALE:
             raise ValueError(f"scale must lie in [min_scale, max_scale] = "
                              f"[{DEFAULT_MIN_SCALE:g}, {DEFAULT_MAX_SCALE:g}], got "

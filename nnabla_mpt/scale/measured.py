@@ -2,7 +2,7 @@
 
 Every measurement comes from a watched backward pass
 (:class:`~nnabla_mpt.diagnosis.watch.RangeWatch`) run at some scale ``s``, whose seed holds
-``h``, the scale rounded to the loss's dtype (:func:`~nnabla_mpt.scale.seed.held_scale`;
+``h``, the scale rounded to the loss's dtype (:func:`~nnabla_mpt.core.dtypes.held_scale`;
 ``h = s`` where the dtype holds ``s``), which finds how far the pass's gradients could be
 multiplied before one of them leaves its dtype::
 
@@ -72,12 +72,10 @@ import numpy as np
 from nnabla.logger import logger
 
 from ..core import graph
-from ..core.dtypes import float_type
+from ..core.dtypes import float_type, held_scale
 from ..diagnosis.watch import RangeWatch
-from .ceiling import GrowthLimit
 from .gradient_stats import GradientStats, gradient_stats
-from .scale_history import MARGIN, MIN_SAMPLES, WATCH_EVERY, ScaleHistory
-from .seed import held_scale
+from .scale_history import MARGIN, MIN_SAMPLES, WATCH_EVERY, GrowthLimit, ScaleHistory
 
 #: How much higher each probe of ``scale="auto"`` goes while every gradient is zero.
 PROBE_STEP = 2.0 ** 8
@@ -141,7 +139,7 @@ class ScaleMeter:
         scaling: The updater's scale arguments: its ``scale`` (``"auto"``: the first step
             calibrates the scale; kept as ``auto_scale``) and its ``max_scale``, the upper
             bound the user asked for, or None
-            (:class:`~nnabla_mpt.scale.ceiling.GrowthLimit`).
+            (:class:`~nnabla_mpt.scale.scale_history.GrowthLimit`).
 
     The parameters' gradients are bounded by the dtype they can overflow in, not by the
     dtype their arrays hold when read (a solver or a float communicator may have cast
@@ -194,7 +192,7 @@ class ScaleMeter:
                   free: Optional[float]) -> Optional[str]:
         """What held the scale at a measured growth point that moved it from ``before``
         to ``after`` with the ``room`` and ``free`` of :meth:`settled`, short of the room
-        (:meth:`~nnabla_mpt.scale.ceiling.GrowthLimit.held_by`); None where nothing was
+        (:meth:`~nnabla_mpt.scale.scale_history.GrowthLimit.held_by`); None where nothing was
         measured or the scale grew as far as the room allows."""
         if room is None:
             return None

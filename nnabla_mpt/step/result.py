@@ -21,7 +21,7 @@ class StepResult:
             while the gradients are finite does not skip the step.
         scale: The loss scale the step ran with, the policy's. The backward pass's seed
             holds it rounded to the loss's dtype (3000.7 is 3000.0 in float16,
-            :func:`~nnabla_mpt.scale.seed.held_scale`), and the gradients are divided by
+            :func:`~nnabla_mpt.core.dtypes.held_scale`), and the gradients are divided by
             that held value.
         next_scale: The loss scale of the next step.
         attempts: Steps this call ran: 1, or more in retry mode.

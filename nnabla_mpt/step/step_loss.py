@@ -36,7 +36,7 @@ from nnabla.ext_utils import get_extension_context
 
 from ..core import graph
 from ..core._hostarray import dtype_of, host_view
-from ..scale.seed import held_scale
+from ..core.dtypes import held_scale
 
 _HOST = get_extension_context("cpu", type_config="float")
 
@@ -203,7 +203,18 @@ def checked_outputs(name: str, outputs: Any) -> Tuple["nn.Variable", ...]:
 
 class BackwardSeed:
     """The seed of the backward passes of one loss Variable: an array of the loss's shape
-    filled with the scale, kept while the scale stays (see :mod:`nnabla_mpt.scale.seed`).
+    filled with the scale, kept while the scale stays.
+
+    Given a number, ``loss.backward(scale)`` makes nnabla tell it from an array with a
+    NumPy call, build a new array, fill it with the scale and drop it after the pass, at
+    every backward pass, a measurable part of an updater's step on small models on the CPU
+    (``benchmarks/backward_seed.py``; ``benchmarks/README.md`` keeps its runs). Given an
+    ``NdArray``, nnabla seeds the pass with that array itself, leaves it as it is and puts
+    the loss's own gradient array back afterwards. So one array filled once per scale
+    serves every pass at that scale, with the same values: nnabla fills the array it would
+    make the same way, and casts it to the loss's dtype alike. Either way the pass starts
+    from the scale as the loss's dtype holds it (:func:`~nnabla_mpt.core.dtypes.held_scale`),
+    which :attr:`held` keeps, computed once per scale.
 
     Args:
         loss: The loss Variable.

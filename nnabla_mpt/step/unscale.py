@@ -15,7 +15,7 @@ class Unscaler:
     The gradients hold the seed's value × the sum over ``accum_grad`` micro-batches (and
     over the ranks after an all-reduce, which itself divides by the number of ranks where
     they are averaged); the seed holds the loss scale rounded to the loss's dtype
-    (:func:`~nnabla_mpt.scale.seed.held_scale`: 3000.0 for a scale of 3000.7 in float16).
+    (:func:`~nnabla_mpt.core.dtypes.held_scale`: 3000.0 for a scale of 3000.7 in float16).
     :meth:`unscale` divides them by that held value, and by ``accum_grad`` where the
     micro-batches are averaged (one ``solver.scale_grad``); with ``clip_grad_norm`` it then
     takes the global L2 norm of the unscaled gradients (scaled by their largest magnitude,
@@ -32,7 +32,7 @@ class Unscaler:
         options: The updater's checked options
             (:class:`~nnabla_mpt.updater.UpdaterOptions`): ``accum_grad``, the
             micro-batches whose gradients are summed per update, divided by it where
-            ``reduction.average_accum``; ``clip_grad_norm``, the bound of the global L2
+            ``average_accum``; ``clip_grad_norm``, the bound of the global L2
             norm, or None; ``weight_decay``, the rate, or None; ``lr_scheduler``, an object
             with ``get_learning_rate(iter)`` (nnabla's
             ``nnabla.utils.learning_rate_scheduler``), keyed on applied updates, or None.
@@ -47,7 +47,7 @@ class Unscaler:
         self._lr_scheduler = options.lr_scheduler
         self._params = params
         self._context = context
-        self.set_accumulation(options.accum_grad, options.reduction.average_accum)
+        self.set_accumulation(options.accum_grad, options.average_accum)
         self.clip = options.clip_grad_norm
         self.weight_decay = options.weight_decay
         self._squared_norm = None          # built on first use by grad_norm()

@@ -118,9 +118,9 @@ def test_arguments_are_checked_before_anything_is_armed(solo, kwargs, exc, messa
 
 def test_the_updater_keyword_needs_a_communicator_that_can_honour_it():
     net = Net("float", scope="solo_keyword")
-    with pytest.raises(ValueError, match=r"all_reduce_callback=1024 needs a communicator"):
+    with pytest.raises(ValueError, match=r"backward_pack_size=1024 needs a communicator"):
         DynamicLossScalingUpdater(net.solver(), net.loss,
-                                  reduction=GradientReduction(all_reduce_callback=1024))
+                                  reduction=GradientReduction(backward_pack_size=1024))
 
     class ListComm:                      # a communicator of one's own, in Python
         rank, size = 0, 1
@@ -131,10 +131,10 @@ def test_the_updater_keyword_needs_a_communicator_that_can_honour_it():
     with pytest.raises(ValueError, match=r"needs nnabla's communicator .* got comm of type "
                                          r"ListComm"):
         FixedLossScalingUpdater(net.solver(), net.loss, comm=ListComm(),
-                                reduction=GradientReduction(all_reduce_callback=1024))
-    with pytest.raises(ValueError, match=r"all_reduce_callback must be >= 1, got 0"):
+                                reduction=GradientReduction(backward_pack_size=1024))
+    with pytest.raises(ValueError, match=r"backward_pack_size must be >= 1, got 0"):
         DynamicLossScalingUpdater(net.solver(), net.loss,
-                                  reduction=GradientReduction(all_reduce_callback=0))
+                                  reduction=GradientReduction(backward_pack_size=0))
 
 
 def test_a_reduction_that_fails_in_the_solver_hook_ends_the_job_before_the_update(tmp_path):

@@ -404,7 +404,7 @@ def test_shared_grads_in_one_process_trains_like_no_communicator(solo):
         for _ in range(5):
             updater.update()
         if use == "comm":
-            shared = updater.shared_grads
+            shared = updater.shared_gradients
             assert shared is not None and shared.n_replaced == 0
             assert all(v.grad == a for v, a in zip(solver.get_parameters().values(),
                                                    shared.arrays))
@@ -413,7 +413,7 @@ def test_shared_grads_in_one_process_trains_like_no_communicator(solo):
         np.testing.assert_array_equal(finals["comm"][k], finals["none"][k], err_msg=k)
     # one rank: the automatic choice does not place the gradients (nothing to exchange)
     solver, loss, feed = _small_training()
-    assert DynamicLossScalingUpdater(solver, loss, feed, comm=solo).shared_grads is None
+    assert DynamicLossScalingUpdater(solver, loss, feed, comm=solo).shared_gradients is None
 
 
 def test_shared_grads_true_names_what_prevents_it(solo):
@@ -448,7 +448,7 @@ def test_shared_grads_true_names_what_prevents_it(solo):
                 DynamicLossScalingUpdater(solver, loss, feed, **kw)
             continue
         updater = DynamicLossScalingUpdater(solver, loss, feed, **kw)
-        assert updater.shared_grads is None
+        assert updater.shared_gradients is None
         assert all(v.grad == b for v, b in zip(solver.get_parameters().values(), before))
 
 

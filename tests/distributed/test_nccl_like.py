@@ -88,7 +88,7 @@ def test_the_collectives_of_a_step_with_nnabla_s_callback():
     with MPI and runs an NCCL call per pack (29 values in packs of 8: 4), then the flags
     take one call; a skipped step one more (the votes)."""
     counts = _counted(NcclCallbackLikeCommunicator("float32"), 3, skip_at={1},
-                      reduction=GradientReduction(all_reduce_callback=8))
+                      reduction=GradientReduction(backward_pack_size=8))
     assert counts == [(False, 1, 5, 5), (True, 2, 6, 6), (False, 1, 5, 5)]
 
 

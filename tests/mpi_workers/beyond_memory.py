@@ -69,7 +69,7 @@ errors["updater"] = error_of(lambda: DynamicLossScalingUpdater(
     solver, loss, comm=comm, reduction=GradientReduction(shared_grads=True)))
 if n > 1:  # the automatic choice: not shared, one warning
     before = len(warnings)
-    meta["auto_shared"] = DynamicLossScalingUpdater(solver, loss, comm=comm).shared_grads \
+    meta["auto_shared"] = DynamicLossScalingUpdater(solver, loss, comm=comm).shared_gradients \
         is not None
     meta["auto_warnings"] = warnings[before:]
 

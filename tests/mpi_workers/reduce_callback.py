@@ -13,7 +13,7 @@ Loops (5 steps each; weight decay, clipping and update after every backward pass
   inline_scaled   all_reduce_callback(grads, ..., division=True, scale_grad=0.5)
   explicit_half / inline_half: a float16 graph, backward(1024), scale_grad(1 / 1024)
   updater / updater_callback: DynamicLossScalingUpdater, without and with
-                  reduction=GradientReduction(all_reduce_callback=2 << 20)
+                  reduction=GradientReduction(backward_pack_size=2 << 20)
 The meta records the reductions each loop made and what the updater said when an
 all-reduce was armed.
 """
@@ -139,7 +139,7 @@ LOOPS = {
     "inline_half": lambda m: inline(m, scale=1024.0),
     "updater": with_updater,
     "updater_callback": lambda m: with_updater(
-        m, reduction=GradientReduction(all_reduce_callback=PACK)),
+        m, reduction=GradientReduction(backward_pack_size=PACK)),
 }
 
 
@@ -179,6 +179,6 @@ for name, loop in LOOPS.items():
     meta["armed_after"][name] = comm.all_reduce_callback_armed
     comm.clear_all_reduce_callback()
     arrays.update(model.arrays())
-meta["updater_log"] = [line for line in lines.lines if "all_reduce_callback" in line]
+meta["updater_log"] = [line for line in lines.lines if "backward_pack_size" in line]
 meta["armed_error"], meta["updated_after_clear"] = armed_updater_refuses()
 save(outdir, rank, arrays, meta)

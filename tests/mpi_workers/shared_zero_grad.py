@@ -54,5 +54,5 @@ for shared in (False, True):
         for name, v in params.items():
             out[f"{tag}/{name}"] = v.d.copy()
         if shared:
-            meta[tag] = updater.shared_grads.n_replaced
+            meta[tag] = updater.shared_gradients.n_replaced
 save(outdir, comm.rank, out, meta)

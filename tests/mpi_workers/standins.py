@@ -93,7 +93,7 @@ class CastingSolver:
 
 class NcclCallbackLikeCommunicator(NcclLikeCommunicator, nn.communicators.Communicator):
     """:class:`NcclLikeCommunicator` that is an ``nnabla.communicators.Communicator``, for
-    the updaters' ``all_reduce_callback=``, in one process: nnabla's
+    the updaters' ``backward_pack_size=``, in one process: nnabla's
     ``all_reduce_callback(data, pack_size)`` runs, inside the backward pass, an MPI check
     for each array of ``data`` (counted in ``n_checks``) and an NCCL all-reduce for each
     pack of ``pack_size`` values (counted in ``n_nccl``); made here it returns None, which

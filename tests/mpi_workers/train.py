@@ -91,7 +91,7 @@ if mode in ("overflow", "streak", "overflow32", "badbatch"):
         solver, loss, feed, comm=comm,
         policy=DynamicLossScale(init_scale=scale, growth_interval=3, max_scale=max_scale),
         reduction=GradientReduction(average_ranks=True), **extra)
-    meta["shared_grads"] = updater.shared_grads is not None
+    meta["shared_grads"] = updater.shared_gradients is not None
     calls0, in_place0 = comm.n_all_reduce_calls, comm._shm.in_place_calls
     meta.update(skipped=[], bad_batch=[], scale=[], next_scale=[], params_unchanged=[],
                 states_unchanged=[])
@@ -144,12 +144,12 @@ elif mode == "parity":
         t.d = ts[rank * local:(rank + 1) * local]
 
     updater = DynamicLossScalingUpdater(solver, loss, feed, 8.0, 2.0, 1000, True, accum,
-                                        comm=comm, reduction=GradientReduction(
-                                            average_ranks=True, average_accum=True,
-                                            shared_grads=shared_grads))
-    meta["shared_grads"] = updater.shared_grads is not None
-    meta["grads_are_shared"] = (updater.shared_grads is not None and all(
-        v.grad == a for v, a in zip(solver.get_parameters().values(), updater.shared_grads.arrays)))
+                                        comm=comm, average_accum=True,
+                                        reduction=GradientReduction(
+                                            average_ranks=True, shared_grads=shared_grads))
+    meta["shared_grads"] = updater.shared_gradients is not None
+    meta["grads_are_shared"] = (updater.shared_gradients is not None and all(
+        v.grad == a for v, a in zip(solver.get_parameters().values(), updater.shared_gradients.arrays)))
     calls0, coll0 = comm.n_all_reduce_calls, comm.n_collectives
     in_place0 = comm._shm.in_place_calls
     meta["skipped"] = [updater.update().skipped for i in range(steps)]
@@ -175,7 +175,7 @@ elif mode == "parity":
             ref_micro[0] += 1
 
         ref = DynamicLossScalingUpdater(ref_solver, ref_loss, ref_feed, 8.0, 2.0, 1000, True,
-                                        accum, reduction=GradientReduction(average_accum=True))
+                                        accum, average_accum=True)
         for i in range(steps):
             ref.update()
         out.update({f"ref/{k}": v for k, v in snapshot(ref_params).items()})

@@ -149,7 +149,7 @@ def test_a_growth_point_with_unbounded_room_is_held_by_the_ceiling_without_faili
 def test_a_max_scale_asked_for_at_the_ceiling_holds_the_scale_not_the_ceiling(caplog):
     caplog.set_level(logging.WARNING, logger="nnabla")
     from nnabla_mpt import DynamicLossScale
-    import nnabla_mpt.scale.ceiling as ceiling
+    import nnabla_mpt.scale.scale_history as ceiling
     from nnabla_mpt.core.dtypes import float_type
     policy = DynamicLossScale(init_scale=2.0 ** 15, max_scale=2.0 ** 15,
                               growth_mode="measured")
