@@ -20,7 +20,7 @@ _LAZY = {
     "OverflowHandling": "step.overflow_handling",
     "DynamicLossScalingUpdater": "updater",
     "FixedLossScalingUpdater": "updater",
-    "StepResult": "step.result",
+    "StepResult": "step.decision",
     "GradientStats": "scale.gradient_stats",
     "PrecisionSchedule": "scale.precision",
     "diagnose": "diagnosis.diagnosis",

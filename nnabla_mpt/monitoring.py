@@ -41,7 +41,7 @@ _WRITERS = itertools.count(1)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .scale.gradient_stats import GradientStats
-    from .step.result import StepResult
+    from .step.decision import StepResult
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,10 @@ from .scale.measured import ScaleMeter
 from .scale.precision_graphs import graph_at, updater_schedule
 from .step import collapse
 from .step.collapse import CollapseWatch
-from .step.decision import LocalDecision, Outcome
+from .step.decision import LocalDecision, Outcome, StepResult
 from .step.detector import BatchCheck, OverflowDetector, overflow_checks
 from .step.feeder import StaleInputs, install_feeder
 from .step.overflow_handling import check_retries
-from .step.result import StepResult
 from .step.step_loss import BackwardSeed, LossRecorder, StepLosses
 from .step.unscale import Unscaler
 

@@ -24,7 +24,7 @@ from .settings import (between_steps, checked_accum_grad, checked_clip_grad_norm
                        checked_weight_decay, given)
 from .step.feeder import checked_feeder
 from .step.overflow_handling import OverflowHandling
-from .step.result import StepResult
+from .step.decision import StepResult
 from .step.step_loss import checked_outputs
 from .step.unscale import checked_lr_scheduler
 from .step_loop import _LossScalingUpdater

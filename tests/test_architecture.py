@@ -269,7 +269,7 @@ def test_the_circle_check_finds_a_circle_and_counts_type_checking_imports():
                                                             "StepResult"]
     assert "nnabla_mpt.settings" in module_imports()["nnabla_mpt.updater"]
     # the monitor reads StepResult for types only, from below the loop
-    assert "nnabla_mpt.step.result" in module_imports()["nnabla_mpt.monitoring"]
+    assert "nnabla_mpt.step.decision" in module_imports()["nnabla_mpt.monitoring"]
     assert "nnabla_mpt.updater" not in module_imports()["nnabla_mpt.monitoring"]
 
 
