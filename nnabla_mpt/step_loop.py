@@ -289,11 +289,7 @@ class _LossScalingUpdater:
         recorder, seed = self._passes[id(loss)]
         losses = recorder.start()
         meter = self._meter if precision != "float" or self._schedule is None else None
-        fed, watch = False, None           # unscaled (meter None): no scale to measure
-        if meter is not None and (meter.calibration_pending
-                                  or getattr(self._policy, "growth_mode", None) == "measured"):
-            fed, watch = meter.before_passes(index, self._feed, self._zero_grads,
-                                             lambda: recorder.forward(losses, 0, False))
+        fed, watch = self._measure_first(meter, index, recorder, losses)
         scale = 1.0 if meter is None else self._policy.loss_scale
         self._forward_backward(recorder, seed.at(scale), scale, losses, watch, fed)
         stats = self._meter.statistics(index) if self._meter.stats_every else None
@@ -343,6 +339,21 @@ class _LossScalingUpdater:
         if norm is not None and not math.isfinite(norm):
             return Outcome.NONFINITE_NORM, measured
         return outcome, measured
+
+    def _measure_first(self, meter: Optional[ScaleMeter], index: int, recorder: LossRecorder,
+                       losses: StepLosses) -> Tuple[bool, Optional[RangeWatch]]:
+        """``(fed, watch)`` of :meth:`ScaleMeter.before_passes` where the step measures
+        (``scale="auto"`` still to calibrate, or measured growth), giving the policy the
+        start it measured; ``(False, None)`` where it does not (unscaled, ``meter`` None:
+        no scale to measure)."""
+        if meter is None or not (meter.calibration_pending
+                                 or getattr(self._policy, "growth_mode", None) == "measured"):
+            return False, None
+        fed, start, watch = meter.before_passes(index, self._feed, self._zero_grads,
+                                                lambda: recorder.forward(losses, 0, False))
+        if start is not None:
+            self._policy.set_loss_scale(start)     # the start scale="auto" measured
+        return fed, watch
 
     def _tell_policy(self, meter: ScaleMeter, outcome: Outcome, measured: Any) -> Optional[str]:
         """Tells the policy how the step went, with the room the meter measured; returns

@@ -1,12 +1,16 @@
 """The updater owns its state: saves are of one step, assignments are checked wherever
-they are made, and an updater is neither copied nor pickled."""
+they are made, only the loop and the settings change the policy, and an updater is
+neither copied nor pickled."""
 import copy
+import pathlib
 import pickle
+import re
 import threading
 
 import numpy as np
 import pytest
 
+import nnabla_mpt
 from nnabla_mpt import DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater
 from support import Net, assert_bitwise_equal
 
@@ -131,3 +135,19 @@ def test_an_updater_is_neither_copied_nor_pickled(cls, duplicate):
                                         r"state_dict\(\) or save_checkpoint\(path\)"):
         duplicate(updater)
     assert np.isfinite(updater.scale)
+
+
+#: The modules that change an updater's policy: the construction bounds it, the step loop
+#: tells it of each step and gives it the start scale="auto" measured, the settings and the
+#: loaded state set it. The meter, the collapse watch and the deciders only read it.
+POLICY_CHANGERS = {"scale/bounded_policy.py", "step_loop.py", "settings.py", "updater.py",
+                   "updater_state.py"}
+CHANGES = re.compile(r"policy\.(?:set_\w+|update|load_state_dict)\(|policy\.\w+ = ")
+
+
+def test_only_the_loop_and_the_settings_change_the_policy():
+    package = pathlib.Path(nnabla_mpt.__file__).parent
+    changing = {path.relative_to(package).as_posix() for path in package.rglob("*.py")
+                if any(CHANGES.search(line) and not line.lstrip().startswith(">>>")
+                       for line in path.read_text(encoding="utf-8").splitlines())}
+    assert changing == POLICY_CHANGERS

@@ -177,16 +177,17 @@ class ScaleMeter:
 
     def before_passes(self, index: int, data_feeder: Optional[Callable[[], Any]],
                       zero_grads: Callable[[], None],
-                      forward: Callable[[], None]) -> Tuple[bool, Optional[RangeWatch]]:
-        """Before the backward passes of step ``index``: ``(fed, watch)``. Where
+                      forward: Callable[[], None]
+                      ) -> Tuple[bool, Optional[float], Optional[RangeWatch]]:
+        """Before the backward passes of step ``index``: ``(fed, start, watch)``. Where
         ``scale="auto"`` is still to measure, the first micro-batch is fed and forwarded
-        and the policy's scale calibrated on it (:meth:`calibrate`; ``fed``: the step's
-        first micro-batch is ready); ``watch`` watches the step's backward passes where
-        measured growth looks (:meth:`growth_watch`), else None."""
+        and the start measured on it (:meth:`calibrate`; ``fed``: the step's first
+        micro-batch is ready; ``start``: the scale the policy is to start from, None where
+        nothing was measured); ``watch`` watches the step's backward passes where measured
+        growth looks (:meth:`growth_watch`), else None."""
         fed = self.calibration_pending
-        if fed:
-            self.calibrate(data_feeder, forward, zero_grads)
-        return fed, self.growth_watch(index)
+        start = self.calibrate(data_feeder, forward, zero_grads) if fed else None
+        return fed, start, self.growth_watch(index)
 
     def what_held(self, before: float, after: float, room: Optional[float],
                   free: Optional[float]) -> Optional[str]:
@@ -265,17 +266,18 @@ class ScaleMeter:
         return gradient_stats(self._params, self._ctx)
 
     def calibrate(self, data_feeder: Optional[Callable[[], Any]],
-                  forward: Callable[[], None], zero_grads: Callable[[], None]) -> float:
+                  forward: Callable[[], None], zero_grads: Callable[[], None]
+                  ) -> Optional[float]:
         """``scale="auto"``: feeds the first batch, runs its forward pass keeping the
-        buffers (``forward``), and sets the policy's scale from watched probe backward
-        passes on it (with a communicator, the smallest start over the ranks); the
-        gradients are zero again on return, the forward pass's buffers kept for the step's
-        own backward. Returns the scale the step runs with.
+        buffers (``forward``), and measures the start from watched probe backward passes
+        on it (with a communicator, the smallest start over the ranks); the gradients are
+        zero again on return, the forward pass's buffers kept for the step's own backward.
+        Returns the start, which the updater gives its policy.
 
         A batch no scale can measure (its loss is not finite, or its gradients are not
-        finite at the probe nor at the dtype's smallest normal value), on any rank, sets no
-        scale: the policy's scale is kept, ``calibration_pending`` stays True and the next
-        call measures the next batch; an info line says why."""
+        finite at the probe nor at the dtype's smallest normal value), on any rank, gives
+        no start (None): the policy's scale is kept, ``calibration_pending`` stays True and
+        the next call measures the next batch; an info line says why."""
         if data_feeder is not None:
             data_feeder()
         forward()
@@ -297,9 +299,8 @@ class ScaleMeter:
             logger.info(f"nnabla_mpt: scale='auto' measures nothing on this step's batch: "
                         f"{why or 'the batch of another rank cannot be measured'}; the scale "
                         f"stays {scale:g} and the next step measures its own batch")
-            return scale
+            return None
         scale = min(starts)
-        self._policy.set_loss_scale(scale)
         self.calibration_pending = False
         self._log_start(scale, len(starts), probe, measured, largest)
         return scale
