@@ -6,11 +6,13 @@ A page's figures are listed in a module ``page_<name>.py`` of this folder:
   example script, whose docstring and ``--help`` texts are its prose);
 * ``QUOTES``: :class:`Quote` objects, each a sentence of the page with its figures as
   named fields, and for each field a :class:`Figure` that reads it from a results file
-  under ``benchmarks/results/`` or, for a page's worked example, from the output the page
+  under ``benchmarks/results/``, for a page's worked example from the output the page
   shows under it (:func:`shown`: ``tests/test_docs.py`` runs the example and requires
-  that output);
+  that output), or, for a count or a constant that is a fact of the code or of the tests,
+  from the repository file that sets it (:func:`in_code`, :func:`in_repo`);
 * ``NOT_MEASURED``: the figure-like words of the page that are no measurement (a default,
-  a constant, an example's setting), each with the reason;
+  a constant, an example's setting, a pronoun "one"), each with the reason, as a phrase
+  of the page wide enough to say which figure it means;
 * ``CHECKED_ELSEWHERE`` (optional): the titles of sections whose figures another test
   checks against their results, with that test's name;
 * ``CHECKED_BY`` (optional): figures of the page that a test reads from the page and
@@ -33,10 +35,28 @@ from doc_pages import ROOT, directive_spans, page_blocks, section_span
 
 RESULTS = ROOT / "benchmarks" / "results"
 
-#: Words that state a figure: a number with a unit of time, a ratio or a share, "k of n",
-#: "k steps" (or updates, all-reduces, growth points), "step k" (or a range of steps), a
-#: date, a power of two (``2**k``), a speed-up, and any number with a decimal point;
-#: searched in the page's prose with its whitespace collapsed.
+#: The digits of a figure: a number with ``,`` between its thousands and a decimal part.
+_NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
+#: The number words: one to twenty, the tens (with their units: ``twenty-five``), and
+#: the words of a count or a multiple.
+_UNITS = "one|two|three|four|five|six|seven|eight|nine"
+_WORDS = (rf"\b(?:{_UNITS}|ten|eleven|twelve|(?:thir|four|fif|six|seven|eigh|nine)teen"
+          rf"|(?:twen|thir|for|fif|six|seven|eigh|nine)ty(?:-(?:{_UNITS}))?"
+          r"|(?:hundred|thousand|million|billion|dozen)s?|twice|thrice|half)\b")
+#: Outside inline code: an even number of runs of backticks follows to the end of the
+#: text (the pages' prose pairs its backtick runs: ``code``, `code`, :role:`name`;
+#: ``test_figures.py`` requires it).
+_OUTSIDE_CODE = r"(?=[^`]*(?:`+(?!`)[^`]*`+(?!`)[^`]*)*\Z)"
+
+#: Words that state a figure, searched in the page's prose with its whitespace collapsed.
+#: Anywhere, inline code included: a number with a unit of time, a ratio or a share,
+#: "k of n", "k steps" (or updates, all-reduces, growth points), "step k" (or a range of
+#: steps), a date, a power of two (``2**k``), a speed-up, and any number with a decimal
+#: point. Outside inline code, also: any other number (an integer, a range ``64-256``, a
+#: size ``8x8``, an exponent ``1e-4``, an ordinal ``25th``) that is no part of a word, a
+#: path, an option (``scale=0.5``) or a version (``nnabla-1.39.0``); a number in words
+#: (``six``, ``twenty-five``, ``thousand``, ``twice``, ``half``); and a time said with "a"
+#: (``a minute``, ``an hour``).
 FIGURE = re.compile(
     r"(?<![\w.*/=-])[+−-]?\d[\d,]*(?:\.\d+)?(?:[–-]\d[\d,]*(?:\.\d+)?)?"
     r"(?:\s?(?:%|×|ms\b|µs\b|s\b|seconds?\b|minutes?\b|MB\b|times\b|per thousand\b)"
@@ -45,12 +65,20 @@ FIGURE = re.compile(
     r"|\bsteps?[ -]\d[\d,]*(?:[–-]\d[\d,]*)?\b"
     r"|\b\d{4}-\d\d-\d\d\b"
     r"|\b2\*\*-?\d+"
-    r"|(?<![\w.*/=-])\d+\.\d+(?!\w|\.\d)")
+    r"|(?<![\w.*/=-])\d+\.\d+(?!\w|\.\d)"
+    rf"|(?:(?<![\w.*/=-])[+−-]?{_NUMBER}(?:e[+−-]?\d+)?(?:[x×–-]{_NUMBER})*"
+    r"(?:st|nd|rd|th)?(?![\w/]|[.,:]\w|\*\*)"
+    rf"|(?i:{_WORDS}|\ban? (?:(?:milli|micro)?second|minute|hour|day|week|month|year)\b))"
+    + _OUTSIDE_CODE)
 
 
-#: Powers of two that are facts of the number formats or of the updaters' defaults,
-#: no measurement wherever a page names them.
+#: Figures that are facts of the number formats or of the updaters' defaults, no
+#: measurement wherever a page names them.
 FORMAT_CONSTANTS = {
+    "65504": "float16's largest finite value",
+    "3.4e38": "float32's largest finite value, rounded",
+    "power of two": "the powers of two of a loss scale, no count",
+    "powers of two": "the powers of two of a loss scale, no count",
     "2**15": "float16's largest power of two, the ceiling of a float16 loss's scale",
     "2**16": "the first power of two float16 cannot hold",
     "2**-14": "float16's smallest normal value",
@@ -62,6 +90,12 @@ FORMAT_CONSTANTS = {
 #: Reasons for ``NOT_MEASURED`` that several pages give.
 MARGIN = "measured growth's margin for one batch, a constant of the updater"
 VERSION = "a version of Python, nnabla or CUDA"
+DESIGN = "what the code does by design (one call, one array, one decision): no measurement"
+PRONOUN = '"one" as a pronoun, for a thing named before it: no count'
+HALF = "``half``, nnabla's name of float16 (``type_config='half'``): no number"
+NO_SCALE = "scale 1, no scaling at all"
+ANOTHER = '"a second" as "another": no time'
+INDEX = "an index (a rank, a step, a device, an item of a list): no measurement"
 
 
 def record_module():
@@ -239,6 +273,75 @@ def span(figures, fmt: str = "{:.1f}", sep: str = "–") -> Figure:
     return Figure(both, "{}", [s for f in figures for s in f.sources])
 
 
+#: The builtins an assignment :func:`in_code` reads may call.
+_CODE_BUILTINS = {"range": range, "list": list, "tuple": tuple, "len": len, "int": int,
+                  "float": float, "min": min, "max": max, "sum": sum}
+
+
+def code_value(path: str, name: str):
+    """The value of ``name``, a top-level assignment of the repository file ``path`` (a
+    constant, ``range(120)``, ``2 << 20``, ``list(range(1000, 1012)) + [1055]``, one name
+    of ``A, B = 1.0, 2.0``) or, for ``Class.name``, one of a top-level class's body,
+    evaluated from the file's syntax tree without importing it; the names it uses are the
+    other assignments of the same body. Fails naming the file when it assigns no
+    ``name``."""
+    body = ast.parse((ROOT / path).read_text(encoding="utf-8")).body
+    *owner, name = name.split(".")
+    for part in owner:
+        body = next((node.body for node in body
+                     if isinstance(node, ast.ClassDef) and node.name == part), None)
+        assert body is not None, f"{path}: no class {part} to read"
+    assigned = {}
+    for node in body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    assigned[target.id] = node.value
+                elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    assigned.update((t.id, v) for t, v in zip(target.elts, node.value.elts)
+                                    if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            assigned[node.target.id] = node.value
+
+    def evaluate(key, seen=()):
+        assert key in assigned and key not in seen, f"{path}: no top-level {key} to read"
+        expression = assigned[key]
+        names = {n.id for n in ast.walk(expression) if isinstance(n, ast.Name)}
+        scope = {n: evaluate(n, seen + (key,)) for n in names - set(_CODE_BUILTINS)}
+        return eval(compile(ast.Expression(expression), path, "eval"),
+                    {"__builtins__": _CODE_BUILTINS}, scope)
+    return evaluate(name)
+
+
+def in_code(path: str, name: str, function=lambda value: value, fmt: str = "{}") -> Figure:
+    """A count or constant that is a fact of the code or of the tests, not a measurement:
+    what ``function`` makes of :func:`code_value` of ``name`` in the repository file
+    ``path`` (``len`` of a list of seeds, :func:`spelled` for a count said in words)."""
+    return Figure(lambda: function(code_value(path, name)), fmt)
+
+
+def in_repo(function, fmt: str = "{}") -> Figure:
+    """A count that is a fact of the repository: what ``function`` makes of its root (a
+    :class:`pathlib.Path`), e.g. the number of entries of a folder."""
+    return Figure(lambda: function(ROOT), fmt)
+
+
+_SPELLED = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+            "fourteen fifteen sixteen seventeen eighteen nineteen").split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def spelled(number) -> str:
+    """A whole number below 100 in words, as the prose writes a count: ``4`` as
+    ``four``, ``25`` as ``twenty-five``."""
+    number = int(number)
+    assert 0 <= number < 100, number
+    if number < 20:
+        return _SPELLED[number]
+    tens, units = divmod(number, 10)
+    return _TENS[tens - 2] + (f"-{_SPELLED[units]}" if units else "")
+
+
 class Quote:
     """A sentence of a page whose ``{name}`` fields are figures."""
 
@@ -286,13 +389,47 @@ TEXT_DIRECTIVES = ("list-table", "csv-table", "table", "note", "warning")
 def rst_prose(text: str, skip_sections=()) -> str:
     """The page without its directive blocks other than tables and admonitions (code,
     the printed output the examples' tests check, results included from their files,
-    images) and without the sections titled in ``skip_sections``."""
+    images), without the options of those it keeps (``:widths: 22 78``), without its
+    literal blocks (:func:`literal_blocks`) and without the sections titled in
+    ``skip_sections``."""
     lines = text.splitlines()
-    drop = {i for a, b in directive_spans(lines) for i in range(a, b)
-            if not re.match(r"^\s*\.\. (%s)::" % "|".join(TEXT_DIRECTIVES), lines[a])
-            and i not in _alt_text(lines, a, b)}
+    drop = literal_blocks(lines)
+    for a, b in directive_spans(lines):
+        if re.match(r"^\s*\.\. (%s)::" % "|".join(TEXT_DIRECTIVES), lines[a]):
+            drop.update(i for i in range(a + 1, b) if lines[i].strip()
+                        and all(re.match(r"^\s+:[\w-]+:(\s|$)", lines[j])
+                                for j in range(a + 1, i + 1)))
+        else:
+            drop.update(i for i in range(a, b) if i not in _alt_text(lines, a, b))
     for title in skip_sections:
         drop.update(range(*section_span(lines, title)))
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def literal_blocks(lines) -> "set[int]":
+    """The indices of the lines of the rst literal blocks of ``lines``: the lines indented
+    under a paragraph that ends with ``::`` (a command, code, a message as printed), which
+    the page shows as code."""
+    drop, i = set(), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.rstrip().endswith("::") and not re.match(r"^\s*\.\. ", line):
+            indent = len(line) - len(line.lstrip())
+            j = i + 1
+            while j < len(lines) and (not lines[j].strip()
+                                      or len(lines[j]) - len(lines[j].lstrip()) > indent):
+                j += 1
+            drop.update(range(i + 1, j))
+            i = j
+        else:
+            i += 1
+    return drop
+
+
+def docstring_prose(text: str) -> str:
+    """A docstring without its literal blocks."""
+    lines = text.splitlines()
+    drop = literal_blocks(lines)
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
 
 
@@ -315,10 +452,10 @@ def md_prose(text: str) -> str:
 
 
 def script_prose(text: str) -> str:
-    """An example script's prose: its docstring, and the ``help`` and ``description``
-    texts of its options."""
+    """An example script's prose: its docstring (without its literal blocks), and the
+    ``help`` and ``description`` texts of its options."""
     tree = ast.parse(text)
-    parts = [ast.get_docstring(tree) or ""]
+    parts = [docstring_prose(ast.get_docstring(tree) or "")]
     for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg in ("help", "description", "epilog"):
             parts.extend(n.value for n in ast.walk(node.value)
@@ -328,27 +465,46 @@ def script_prose(text: str) -> str:
 
 def autodoc_prose(text: str) -> str:
     """The docstrings an rst page renders through ``.. autoclass::`` and its kin (a class's
-    with those of its public methods and properties), without their doctest examples,
-    which the docs tests run."""
+    with those of its public methods and properties; for ``.. autodata::``, the ``#:``
+    comment above the assignment where its module has one, as Sphinx renders it), without
+    their doctest examples, which the docs tests run, and without their literal blocks."""
     import inspect
     import nnabla_mpt
 
     parts = []
-    for name in re.findall(r"^\.\. auto(?:class|function|data|exception|module):: (\S+)",
-                           text, re.M):
+    for kind, name in re.findall(
+            r"^\.\. auto(class|function|data|exception|module):: (\S+)", text, re.M):
         module, _, attribute = name.rpartition(".")
         if not module:
             owner = nnabla_mpt
         else:
             owner = importlib.import_module(module)
         obj = getattr(owner, attribute, None) or importlib.import_module(name)
-        parts.append(inspect.getdoc(obj) or "")
+        doc = (kind == "data" and _comment_doc(owner, attribute)) or inspect.getdoc(obj)
+        parts.append(docstring_prose(doc or ""))
         if inspect.isclass(obj):
-            parts += [inspect.getdoc(member) or "" for key, member in vars(obj).items()
+            parts += [docstring_prose(inspect.getdoc(member) or "")
+                      for key, member in vars(obj).items()
                       if not key.startswith("_")
                       and (inspect.isfunction(member) or isinstance(member, property))]
     return "\n\n".join(re.sub(r"^\s*>>>.*?(?:\n\s*\n|\Z)", "\n", part, flags=re.M | re.S)
                        for part in parts)
+
+
+def _comment_doc(module, attribute: str):
+    """The ``#:`` comment lines right above the top-level assignment of ``attribute`` in
+    ``module``'s source, or None."""
+    import inspect
+
+    lines = inspect.getsource(module).splitlines()
+    for i, line in enumerate(lines):
+        if re.match(rf"{re.escape(attribute)}\s*[:=]", line):
+            first = i
+            while first > 0 and lines[first - 1].lstrip().startswith("#:"):
+                first -= 1
+            if first < i:
+                return "\n".join(line.strip()[2:].strip() for line in lines[first:i])
+    return None
 
 
 def prose(page: str, skip_sections=()) -> str:
@@ -365,11 +521,11 @@ def prose(page: str, skip_sections=()) -> str:
 
 
 def unquoted_figures(text: str, quotes, phrases) -> "list[str]":
-    """The figure-like words of ``text`` one of whose digits lies outside every field of
-    the ``quotes`` (:class:`Quote`) found in it, outside every one of ``phrases`` (words
-    that are no measurement, each with the context that says so) and outside the
-    :data:`FORMAT_CONSTANTS` (the base of a power of two, ``2**``, is no digit of its
-    figure)."""
+    """The figure-like words of ``text`` one of whose digits (of a figure in words, one
+    of whose letters) lies outside every field of the ``quotes`` (:class:`Quote`) found in
+    it, outside every one of ``phrases`` (words that are no measurement, each with the
+    context that says so) and outside the :data:`FORMAT_CONSTANTS` (the base of a power of
+    two, ``2**``, is no digit of its figure)."""
     covered = []
     for quote in quotes:
         quoted, spans = quote.rendered()
@@ -378,9 +534,15 @@ def unquoted_figures(text: str, quotes, phrases) -> "list[str]":
     for phrase in list(phrases) + list(FORMAT_CONSTANTS):
         covered += [(start, start + len(phrase)) for start in _occurrences(text, phrase)]
     return [m.group(0) for m in FIGURE.finditer(text)
-            if not all(any(a <= i < b for a, b in covered)
-                       for i in range(m.start(), m.end())
-                       if text[i].isdigit() and text[i:i + 3] != "2**")]
+            if not all(any(a <= i < b for a, b in covered) for i in _figure_chars(text, m))]
+
+
+def _figure_chars(text: str, match) -> "list[int]":
+    """Where the digits of a figure lie (not the base of ``2**``), or for a figure in
+    words, its letters."""
+    where = range(match.start(), match.end())
+    digits = [i for i in where if text[i].isdigit() and text[i:i + 3] != "2**"]
+    return digits or [i for i in where if text[i].isalpha()]
 
 
 def _occurrences(text: str, part: str):

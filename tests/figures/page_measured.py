@@ -3,12 +3,24 @@ cost, and measured_edge.py's runs. The section on the float32 loss is checked ag
 its results by tests/test_float32_loss_page.py."""
 import re
 
-from figures import MARGIN, Quote, date_of, grep, load_of, read
+from figures import (ANOTHER, DESIGN, MARGIN, PRONOUN, Quote, date_of, grep, in_code, load_of,
+                     read, shown, spelled)
 
 PAGE = "docs/measured.rst"
 CHECKED_ELSEWHERE = {"Lifting the float16 seed ceiling": "tests/test_float32_loss_page.py"}
 DEMO, REPORT, PROBE = "demo.txt", "demo_report.txt", "demo_probe.txt"
 FLOAT16_LOSS = "demo_float16_loss.txt"
+HISTORY = "nnabla_mpt/scale/scale_history.py"
+
+
+def history(name, function=lambda value: value, fmt="{}"):
+    """A constant of measured growth's history (``nnabla_mpt/scale/scale_history.py``)."""
+    return in_code(HISTORY, name, function, fmt)
+
+
+def spike_example(run, pattern, convert=str):
+    """A figure of the shown output of the spike example, the line of ``run``."""
+    return shown(PAGE, rf"^\s*{run}: .*{pattern}", convert=convert)
 
 
 def changes(body):
@@ -136,7 +148,8 @@ QUOTES += [
           date=date_of("measured_edge_teacher_run.txt")),
     Quote("Probe holds {held} without losing a step, and loses {lost} steps besides the "
           "spike's at its tries above it. Measured growth watches every step until its "
-          "history holds four, loses {measured_lost} besides the spike's and runs at a median "
+          "history holds {samples}, loses {measured_lost} besides the spike's and runs at a "
+          "median "
           "scale of {median}, the highest probe holds, leaving a fraction of {sub} of the "
           "gradient values subnormal on the same gradients (probe: {probe_sub}). After the "
           "skipped spike it is back at {first} at the first growth point, in one move, "
@@ -144,7 +157,7 @@ QUOTES += [
           "{probe_back} steps). After the trained spike the first growth point gives "
           "{trained_first}, within one factor, {trained_back} steps after the spike "
           "(probe: {probe_trained_back} steps).",
-          held=held("teacher"),
+          held=held("teacher"), samples=history("MIN_SAMPLES", spelled),
           lost=beside_spike("teacher", "skipped", "probe"),
           measured_lost=beside_spike("teacher", "skipped", "measured", in_words),
           median=edge("teacher", "skipped", "measured", MEDIAN, literal_power),
@@ -172,3 +185,94 @@ QUOTES += [
           probe_back=edge("digits", "skipped", "probe", BACK_IN),
           probe_trained_back=edge("digits", "trained", "probe", BACK_IN)),
 ]
+
+EDGE_SETUP = (r"^# teacher MLP (\S+) float16, summed loss, batch (\d+), N=\d+, \d+ steps, "
+              r"scale='auto'; spike: .* multiplied by (\d+) \(skipped\) or (\d+) \(trained\)")
+QUOTES += [
+    Quote("The last {length} reaches are kept", length=history("LENGTH")),
+    Quote("and on every {every}th step (``WATCH_EVERY``)", every=history("WATCH_EVERY")),
+    Quote("by as far as {spreads} standard deviations below the mean reach",
+          spreads=history("SPREADS", lambda spreads: spelled(spreads))),
+    Quote("A steady stream keeps :math:`M = \\sqrt 2`; a noisy one up to {margin}. Until the "
+          "history holds {samples} reaches",
+          margin=history("MARGIN", fmt="{:g}"), samples=history("MIN_SAMPLES")),
+    Quote("the worst of its {recent} newest reaches", recent=history("RECENT", spelled)),
+    Quote("``N`` steps apart ({n} by default)",
+          n=in_code("nnabla_mpt/scale/bounded_policy.py", "NNABLA_DEFAULTS",
+                    lambda defaults: defaults["N"])),
+    Quote("while the history holds fewer than {samples} reaches (``MIN_SAMPLES``",
+          samples=history("MIN_SAMPLES")),
+    Quote("Why {margin} for one batch", margin=history("MARGIN", fmt="{:g}")),
+    Quote("would keep such a loss {powers} powers of two below the ceiling",
+          powers=history("MARGIN", lambda margin: int(margin).bit_length() - 1)),
+    Quote("The history's arithmetic runs over {length} numbers", length=history("LENGTH")),
+    Quote("that is one step in ``N``, one in {every} and the first {samples}",
+          every=history("WATCH_EVERY"), samples=history("MIN_SAMPLES", spelled)),
+    Quote("(every step is measured until it holds {samples})",
+          samples=history("MIN_SAMPLES", spelled)),
+    Quote("with one batch and a margin of {margin}. The history costs a watched step every "
+          "{every} steps besides the growth points, and the first {samples}:",
+          margin=history("MARGIN", fmt="{:g}"), every=history("WATCH_EVERY"),
+          samples=history("MIN_SAMPLES", spelled)),
+    Quote("so their gradients overflow and the scale backs off {backoffs} times",
+          backoffs=spike_example("probe", r"; (\d+) skipped$", spelled)),
+    Quote("Both start at the measured {start}",
+          start=spike_example("probe", r"start (\d+),")),
+    Quote("cost each {backoffs} back-offs",
+          backoffs=spike_example("measured", r"; (\d+) skipped$", spelled)),
+    Quote("({later} ten steps later", later=spike_example("probe", r"10 steps later (\d+);")),
+    Quote("trains a float16 MLP (a summed loss, batches of {batch},",
+          batch=grep("measured_edge_teacher_report.txt", EDGE_SETUP, group=2)),
+    Quote("a quarter of the batch is multiplied by {skipped} (left:",
+          skipped=grep("measured_edge_teacher_report.txt", EDGE_SETUP, group=3)),
+    Quote("or by {trained} (right:",
+          trained=grep("measured_edge_teacher_report.txt", EDGE_SETUP, group=4)),
+    Quote("The model here, {mlp} on random inputs",
+          mlp=grep("measured_edge_teacher_report.txt", EDGE_SETUP, group=1)),
+    Quote("as the next section shows, batches of {batch}, ``N=50``",
+          batch=grep(DEMO, r"\d+ steps of batch (\d+),")),
+]
+
+NOT_MEASURED.update({
+    "Three options use the measurement": "the three options the page names next",
+    "the scale comes back in one move": "a single growth point: measured growth grows by as "
+                                        "many factors as its history leaves room for",
+    "And one rule needs no option": "the single rule the page names next, the ceiling",
+    "the fixed updater refuses one": PRONOUN,
+    "in ways one batch cannot bound": DESIGN,
+    "in one small all-reduce": DESIGN,
+    "cannot be measured on one rank": "a batch of any single rank",
+    "(1, or :math:`2^8` times higher": "the first probe scale, no scaling",
+    "the margin covers the next one": PRONOUN,
+    "a noisy one up to": PRONOUN,
+    "the margin of one batch": DESIGN,
+    "for one batch, and where One batch says nothing": DESIGN,
+    "the measured one's": PRONOUN,
+    "Back in one move": "a single growth point, its design",
+    "the history is the one before the spike": PRONOUN,
+    "each function adds two nnabla reductions": DESIGN + " (a maximum and a sum, named next)",
+    "read back once, as one array": DESIGN,
+    "that is one step in ``N``, one in": DESIGN,
+    "adds one or a few backward passes": DESIGN,
+    "would be a second pass over them": ANOTHER,
+    "loads with an empty one": PRONOUN,
+    "regression twice on the same data": "the example's two runs, probe and measured",
+    "one factor at a time": "probe growth by one factor, its definition",
+    "there in one move": "a single growth point, the shown output's jump to 2**15",
+    "at its first growth point, in one move": "a single growth point, its design",
+    "probe growth needs one growth point per factor": "probe growth by one factor, its "
+                                                      "definition",
+    "ten steps later": "the example's setting, the scale 10 steps after the spike "
+                       "(scales[33])",
+    "only after one more interval": "probe growth's next growth point, N=5 steps on: one "
+                                    "factor a growth point, its definition",
+    "in one move, within one factor": "the report's 'back in': within one factor of the "
+                                      "scale before the spike, at a single growth point",
+    "gives ``2**11``, within one factor": "the report's 'back in': within one factor of the "
+                                          "scale before the spike",
+    "comes back within one factor": "the report's 'back in': within one factor of the "
+                                    "scale before the spike",
+    "200 steps, twice from the same start": "measured_edge.py's two runs, probe and measured",
+    "The same two runs on the digits MLP": "measured_edge.py's two runs, probe and measured",
+    "with one batch and a margin of": "the margin of a single batch, as measured growth was",
+})

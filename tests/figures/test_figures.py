@@ -118,6 +118,66 @@ def test_the_scan_finds_figures():
         "8 per thousand", "steps 100–103", "2026-11-27", "2**12", "0.975"]
 
 
+def test_the_scan_finds_bare_numbers_and_numbers_in_words():
+    """Outside inline code, a number without a unit and a number in words are figures too;
+    a number in a word, a path, an option or a version is not, nor one in inline code
+    (where the kinds above still are)."""
+    text = ("the 450 held-out images, a decay of 1e-4 on a 64-256-256-10 MLP of 8x8 inputs, "
+            "every 25th step, -3 and 0.5, six a step, twenty-five ranks, Twice the half of a "
+            "thousand, in an hour or a minute. Not ``N=200`` nor `32` (code), run1.txt, "
+            "float16, fp16's, nnabla-1.39.0, scale=0.5, x_2, /dev/shm2, step_0, someone, "
+            "often, one_hot; but ``2**12``, ``1024 steps`` and ``'fast|step|0.9'`` are.")
+    assert [m.group(0) for m in FIGURE.finditer(text)] == [
+        "450", "1e-4", "64-256-256-10", "8x8", "25th", "-3", "0.5", "six", "twenty-five",
+        "Twice", "half", "thousand", "an hour", "a minute", "2**12", "1024 steps", "0.9"]
+    quote = Quote("the {n} held-out images", n=Figure(lambda: 450))
+    # a figure in words is covered by its letters, by a quote's field or a listed phrase
+    assert unquoted_figures(text, [quote], {"six a step", "Twice the half"}) == [
+        "1e-4", "64-256-256-10", "8x8", "25th", "-3", "0.5", "twenty-five", "thousand",
+        "an hour", "a minute", "2**12", "1024 steps", "0.9"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_the_prose_pairs_its_backticks(name):
+    """The scan tells inline code by the runs of backticks after a number (an even count
+    follows a number outside code), so every page's prose must pair them."""
+    runs = re.findall(r"`+", page_prose(PAGES[name]))
+    assert len(runs) % 2 == 0, f"{PAGES[name].PAGE}: an odd number of backtick runs"
+
+
+def problems(module, text: str) -> "list[str]":
+    """What the figures tests find wrong on ``text`` read as the prose of ``module``'s
+    page: its quotes missing from it, and its figures that no quote and no listed phrase
+    covers."""
+    allowed = {**module.NOT_MEASURED, **getattr(module, "CHECKED_BY", {})}
+    return ([quote.text() for quote in module.QUOTES if quote.text() not in text]
+            + unquoted_figures(text, module.QUOTES, allowed))
+
+
+#: Edits by hand of figures without a unit or in words: (page module, the page's words, the
+#: words edited, the figure the edit writes).
+SILENT_EDITS = [
+    ("page_benchmarks", "450 held-out images", "460 held-out images", "460"),
+    ("page_distributed", "takes six a step", "takes four a step", "four"),
+    ("page_quickstart", "about a minute", "about two minutes", "two"),
+    ("page_benchmarks", "several times faster", "ten times faster", "ten"),
+]
+
+
+@pytest.mark.parametrize("name, before, after, figure", SILENT_EDITS)
+def test_a_count_or_a_number_in_words_changed_by_hand_fails(name, before, after, figure):
+    """A count or a number in words edited on the page makes a quote go missing or a
+    figure appear that nothing quotes or lists, and the scan sees the figure the edit
+    wrote."""
+    module = PAGES[name]
+    text = page_prose(module)
+    assert text.count(before) == 1 and not problems(module, text), (module.PAGE, before)
+    edited = text.replace(before, after)
+    assert problems(module, edited), (module.PAGE, after)
+    allowed = {**module.NOT_MEASURED, **getattr(module, "CHECKED_BY", {})}
+    assert figure in unquoted_figures(edited, module.QUOTES, allowed), (module.PAGE, after)
+
+
 def test_included_results_say_date_machine_load_and_command():
     """The results files the pages include whole are records too."""
     included = set()

@@ -22,7 +22,9 @@ def test_a_run_is_kept_with_its_facts(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "run.txt"
     done = record(out, sys.executable, "-c",
-                  "import sys; print('table 1.5'); print('note', file=sys.stderr)")
+                  "import sys; print('table 1.5', flush=True); print('note', file=sys.stderr)")
+    # the child flushes its stdout before it writes to stderr, so the order of the two
+    # streams in the file is the same whether or not PYTHONUNBUFFERED is set
     assert done.returncode == 0, done.stderr
     lines = out.read_text().splitlines()
     assert [line.split(":")[0] for line in lines[:5]] == [

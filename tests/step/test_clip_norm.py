@@ -279,3 +279,25 @@ def test_the_norm_s_graph_finds_the_largest_magnitude_either_way(cpu):
     with nn.context_scope(context("float")), nn.auto_forward(True):
         largest = _largest(nn.Variable.from_numpy_array(values), cpu)
     assert largest.shape == (1, 1) and largest.d[0, 0] == np.float32(3e38)
+
+
+@pytest.mark.parametrize("ratio", [0.51, 0.75, 0.99, 1.01, 1.5])
+def test_a_norm_just_above_the_bound_is_clipped_and_one_below_it_is_not(ratio):
+    # The bound set at ``ratio`` times the step's own unscaled norm: from just above half
+    # the norm to just below it the step is clipped by exactly bound / norm; above the
+    # norm it is not clipped at all.
+    net = Net("float", batch=4, d_in=3, d_out=2)
+    solver = net.solver("Sgd", lr=LR)
+    x, t = net.batch(0)
+    net.x.d, net.t.d = x, t
+    before = net.snapshot()
+    grads = scaled_grads(net, solver, 8.0)
+    norm = np.sqrt(sum(np.sum((g / 8.0) ** 2) for g in grads.values()))
+    expected, factor = reference_step(before, grads, 8.0, ratio * norm)
+    assert factor == pytest.approx(min(1.0, ratio))
+    updater = FixedLossScalingUpdater(solver, net.loss, scale=8.0, clip_grad_norm=ratio * norm)
+    assert updater.update().updated
+    after = net.snapshot()
+    for name in after:
+        np.testing.assert_allclose(after[name], expected[name], rtol=1e-6, atol=1e-7,
+                                   err_msg=f"bound {ratio} x the norm, {name}")
