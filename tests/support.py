@@ -3,10 +3,15 @@
 Every network is tiny on purpose: float16 arithmetic on the CPU is slow. Parameters and
 batches come from fixed seeds, so two networks built with the same arguments start from the
 same parameters and see the same data.
+
+An error or a warning is checked by the facts its message carries, not by its wording:
+:func:`raises_naming` and :func:`assert_names`.
 """
+import contextlib
 from typing import Dict, Optional
 
 import numpy as np
+import pytest
 
 import nnabla as nn
 import nnabla.functions as F
@@ -120,6 +125,74 @@ def assert_states_bitwise_equal(a, b) -> None:
     for name in a:
         assert a[name][0] == b[name][0], f"t of {name}: {a[name][0]} vs {b[name][0]}"
         assert_bitwise_equal(a[name][1], b[name][1])
+
+
+# -- messages: the facts an error or a warning carries, not its wording -------------------
+
+def _wordy(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def _stands_alone(text: str, at: int, fact: str) -> bool:
+    """Whether ``fact`` found at ``text[at:]`` is not a piece of a longer name or number."""
+    end = at + len(fact)
+    before, after = text[max(at - 2, 0):at], text[end:end + 2]
+    if _wordy(fact[0]) and before[-1:] and _wordy(before[-1]):
+        return False
+    if _wordy(fact[-1]) and after[:1] and _wordy(after[0]):
+        return False
+    # A number goes on past a decimal point: "0" is not found in "0.5", nor "5" in "0.5".
+    if fact[0].isdigit() and len(before) == 2 and before[1] == "." and before[0].isdigit():
+        return False
+    if fact[-1].isdigit() and len(after) == 2 and after[0] == "." and after[1].isdigit():
+        return False
+    return True
+
+
+def assert_names(text: str, *facts: str) -> None:
+    """Asserts that the message ``text`` holds each of ``facts``: plain substrings, not
+    patterns, such as the argument's name (``"GradientReduction.shared_grads"``), the value
+    as the user wrote it (its repr, ``"'yes'"``), the path, the type, and the words of what
+    to do (``"comm.clear_all_reduce_callback()"``).
+
+    A fact is found only as a whole: not as a piece of a longer name or number (``"scale"``
+    is not found in ``"min_scale"``, ``"N"`` not in ``"None"``, ``"0"`` not in ``"10"`` or
+    ``"0.5"``). And each fact must appear on its own: where one fact is part of another
+    (the value ``"1"`` and the bound ``">= 1"``), the message must hold it a second time,
+    apart from the other; a fact listed twice must appear twice. The failure names the
+    facts missing and shows the whole message.
+    """
+    if not facts:
+        raise TypeError("assert_names needs at least one fact to look for")
+    for fact in facts:
+        if not isinstance(fact, str) or not fact:
+            raise TypeError(f"a fact must be a non-empty str, got {fact!r}")
+    taken = [False] * len(text)
+    missing = []
+    # The longest first, so that a short fact does not take the place of a longer one.
+    for fact in sorted(facts, key=len, reverse=True):
+        at = text.find(fact)
+        while at >= 0 and (any(taken[at:at + len(fact)])
+                           or not _stands_alone(text, at, fact)):
+            at = text.find(fact, at + 1)
+        if at < 0:
+            missing.append(fact)
+        else:
+            taken[at:at + len(fact)] = [True] * len(fact)
+    if missing:
+        raise AssertionError(f"the message lacks {', '.join(map(repr, missing))} (each "
+                             f"as a whole, apart from the other facts); the message:\n{text}")
+
+
+@contextlib.contextmanager
+def raises_naming(kind, *facts: str):
+    """``pytest.raises(kind)``, then asserts that the message holds each of ``facts``, as
+    :func:`assert_names` does. Yields pytest's ``ExceptionInfo``, for the error's
+    attributes after the block.
+    """
+    with pytest.raises(kind) as info:
+        yield info
+    assert_names(str(info.value), *facts)
 
 
 def linear_mse_grads(W: np.ndarray, b: np.ndarray, x: np.ndarray, t: np.ndarray):

@@ -9,6 +9,7 @@ import pytest
 from doc_pages import ROOT
 from nnabla_mpt import read_report
 from report_runs import fp16_run
+from support import raises_naming
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -68,29 +69,35 @@ def bad_directories(root):
     (root / "no_window").mkdir()
     for key in ("scale", "skipped-steps", "overflow-rate"):
         (root / "no_window" / f"loss-scale-{key}.series.txt").write_text("")
-    not_series = root / "not_series"
+    # each bad directory, with the facts its error carries besides the path
     return {
-        "missing": (root / "missing", "no such directory"),
-        "empty": (root / "empty", "no loss-scale-*.series.txt files"),
-        "a file": (root / "a_file.txt", "a file, not a directory"),
-        "not MonitorSeries": (not_series, f"{not_series / 'loss-scale-'}"),
-        "binary": (root / "binary", "is not '<index> <value>' as nnabla's MonitorSeries"),
-        "other series": (root / "other_series", "it holds other series: training-loss"),
-        "one series": (root / "half", "loss-scale-skipped-steps.series.txt, "
-                                      "loss-scale-overflow-rate.series.txt missing"),
-        "no window yet": (root / "no_window", "hold no window yet"),
+        "missing": (root / "missing", ("no such directory", "LossScaleMonitor", "save_path")),
+        "empty": (root / "empty", ("no loss-scale-*.series.txt files",
+                                   "LossScaleMonitor(prefix='loss-scale')")),
+        "a file": (root / "a_file.txt", ("a file", "not a directory",
+                                         "loss-scale-*.series.txt")),
+        "not MonitorSeries": (root / "not_series", ("/loss-scale-", "line 1", "'step,scale'",
+                                                    "'<index> <value>'", "MonitorSeries")),
+        "binary": (root / "binary", ("/loss-scale-", "line 1", "'<index> <value>'",
+                                     "MonitorSeries")),
+        "other series": (root / "other_series", ("no loss-scale-*.series.txt files",
+                                                 "other series", "training-loss")),
+        # the two missing, then the three a monitor writes together
+        "one series": (root / "half", ("loss-scale-skipped-steps.series.txt",
+                                       "loss-scale-overflow-rate.series.txt", "missing",
+                                       "loss-scale-scale.series.txt",
+                                       "loss-scale-skipped-steps.series.txt",
+                                       "loss-scale-overflow-rate.series.txt")),
+        "no window yet": (root / "no_window", ("no window yet", "interval")),
     }
 
 
 @pytest.mark.parametrize("name", ["missing", "empty", "a file", "not MonitorSeries", "binary",
                                   "other series", "one series", "no window yet"])
 def test_a_bad_directory_is_an_error_naming_it(tmp_path, name):
-    path, says = bad_directories(tmp_path)[name]
-    with pytest.raises((OSError, ValueError)) as raised:
+    path, facts = bad_directories(tmp_path)[name]
+    with raises_naming((OSError, ValueError), str(path), *facts) as raised:
         read_report(path)
-    assert str(path) in str(raised.value) and says in str(raised.value)
-    if name == "not MonitorSeries":
-        assert "line 1: 'step,scale' is not '<index> <value>'" in str(raised.value)
     proc = command(path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == f"python -m nnabla_mpt.report: error: {raised.value}\n"

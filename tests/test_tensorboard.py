@@ -10,7 +10,7 @@ from nnabla.monitor import Monitor
 
 from nnabla_mpt import LossScaleMonitor, LossScaleTensorBoard, StepResult
 from report_runs import LARGE, fp16_updater, series
-from support import Net
+from support import Net, raises_naming
 
 KEYS = ("scale", "skipped-steps", "overflow-rate", "gradient-zero-fraction",
         "gradient-subnormal-fraction", "gradient-headroom")
@@ -175,22 +175,22 @@ def test_a_writer_given_is_written_to_and_left_open():
 
 def test_without_tensorboardx_the_message_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
-    with pytest.raises(ImportError, match=r'tensorboardX, which is not installed: pip install '
-                                          r'tensorboardX \(from a checkout of nnabla_mpt: '
-                                          r'pip install "\.\[tensorboard\]"\)'):
+    with raises_naming(ImportError, "LossScaleTensorBoard", "tensorboardX", "not installed",
+                       "pip install tensorboardX", 'pip install ".[tensorboard]"'):
         LossScaleTensorBoard(str(tmp_path))
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"logdir": 3}, TypeError, r"logdir must be a directory or a tensorboardX.SummaryWriter, "
-                               r"got 3 of type int"),
-    ({"prefix": "a/b"}, ValueError, r"prefix must be a non-empty file name .*got 'a/b'"),
-    ({"interval": 0}, ValueError, r"interval must be >= 1, got 0"),
+@pytest.mark.parametrize("kwargs, error, facts", [
+    ({"logdir": 3}, TypeError,
+     ("logdir", "directory", "tensorboardX.SummaryWriter", "3", "int")),
+    ({"prefix": "a/b"}, ValueError, ("prefix", "non-empty file name", "path separators",
+                                     "'a/b'")),
+    ({"interval": 0}, ValueError, ("interval", ">= 1", "0")),
 ])
-def test_arguments_are_checked(tmp_path, kwargs, error, message):
+def test_arguments_are_checked(tmp_path, kwargs, error, facts):
     args = {"logdir": str(tmp_path), **kwargs}
-    with pytest.raises(error, match=message):
+    with raises_naming(error, *facts):
         LossScaleTensorBoard(**args)
 
 
@@ -198,7 +198,7 @@ def test_arguments_are_checked(tmp_path, kwargs, error, message):
 def test_a_folder_that_cannot_be_written_is_refused_when_the_hook_is_made(tmp_path, where):
     (tmp_path / "a_file").write_text("")
     logdir = tmp_path / "a_file" / "tb" if where == "under a file" else "/proc/tb"
-    with pytest.raises(OSError, match=rf"logdir '{logdir}' cannot be made or written to: "):
+    with raises_naming(OSError, "logdir", repr(str(logdir)), "made", "written to"):
         LossScaleTensorBoard(logdir, interval=2)
     board = LossScaleTensorBoard(tmp_path / "new" / "tb", interval=2)   # made for it
     assert (tmp_path / "new" / "tb").is_dir() and board.writer is None

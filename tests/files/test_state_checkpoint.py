@@ -15,8 +15,8 @@ import pytest
 from doc_pages import ROOT
 from nnabla_mpt import (DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater,
                         OverflowHandling, PrecisionSchedule)
-from support import (Net, assert_bitwise_equal, assert_states_bitwise_equal, resume_setup,
-                     run_steps, solver_states)
+from support import (Net, assert_bitwise_equal, assert_names, assert_states_bitwise_equal,
+                     raises_naming, resume_setup, run_steps, solver_states)
 
 WORKER = str(ROOT / "tests" / "workers" / "resume_worker.py")
 
@@ -106,77 +106,80 @@ def _mutated(mutate):
     return state
 
 
-@pytest.mark.parametrize("mutate, exc, message", [
-    (lambda s: s.pop("updates"), ValueError, r"missing keys \['updates'\]"),
-    (lambda s: s.update(extra=3), ValueError, r"unknown keys \['extra'\]"),
+# (how the state is changed, the exception, the facts the refusal carries)
+@pytest.mark.parametrize("mutate, exc, facts", [
+    (lambda s: s.pop("updates"), ValueError, ("state", "missing keys", "['updates']")),
+    (lambda s: s.update(extra=3), ValueError, ("state", "unknown keys", "['extra']")),
     (lambda s: (s.pop("steps"), s.update(step=1)), ValueError,
-     r"missing keys \['steps'\]; unknown keys \['step'\]"),
-    (lambda s: s.update(version=7), ValueError, r"version 7"),
+     ("state", "missing keys", "['steps']", "unknown keys", "['step']")),
+    (lambda s: s.update(version=7), ValueError, ("state", "version 7", "version 1")),
     (lambda s: s.update(updater="FixedLossScalingUpdater"), ValueError,
-     r"saved by FixedLossScalingUpdater, cannot load it into DynamicLossScalingUpdater"),
-    (lambda s: s.update(steps=-1), ValueError, r"state\['steps'\] must be >= 0, got -1"),
-    (lambda s: s.update(bad_batches=-2), ValueError,
-     r"state\['bad_batches'\] must be >= 0, got -2"),
-    (lambda s: s.update(version=2), ValueError, r"state has version 2; .*writes version 1"),
+     ("saved by FixedLossScalingUpdater", "DynamicLossScalingUpdater")),
+    (lambda s: s.update(steps=-1), ValueError, ("state['steps']", ">= 0", "-1")),
+    (lambda s: s.update(bad_batches=-2), ValueError, ("state['bad_batches']", ">= 0", "-2")),
+    (lambda s: s.update(version=2), ValueError, ("state", "version 2", "version 1")),
     (lambda s: s.update(scale_history=[1.0, float("inf")]), ValueError,
-     r"^state\['scale_history'\]\[1\] must be finite, got inf$"),
+     ("state['scale_history'][1]", "finite", "inf")),
     (lambda s: s.update(scale_history=[0.0]), ValueError,
-     r"^state\['scale_history'\]\[0\] must be > 0, got 0\.0$"),
+     ("state['scale_history'][0]", "> 0", "0.0")),
     (lambda s: s.update(scale_history=[1.0] * 9), ValueError,
-     r"^state\['scale_history'\] holds 9 reaches, at most 8 are kept$"),
+     ("state['scale_history']", "9 reaches", "at most 8")),
     (lambda s: s.update(scale_history=4.0), TypeError,
-     r"^state\['scale_history'\] must be a list of reaches, got 4\.0$"),
+     ("state['scale_history']", "list of reaches", "4.0")),
     (lambda s: s.update(calibration_pending=1), TypeError,
-     r"state\['calibration_pending'\] must be True or False, got 1"),
-    (lambda s: s.update(version=True), ValueError, r"state has version True; .*writes version 1"),
-    (lambda s: s.update(version=1.0), ValueError, r"state has version 1\.0; "),
-    (lambda s: s.update(updates=1.5), TypeError, r"state\['updates'\] must be an integer"),
-    (lambda s: s["policy"].pop("scale"), ValueError, r"missing keys \['scale'\]"),
-    (lambda s: s["policy"].update(kind="fixed"), ValueError, r"'fixed' policy"),
+     ("state['calibration_pending']", "True", "False", "1", "int")),
+    (lambda s: s.update(version=True), ValueError, ("state", "version True", "version 1")),
+    (lambda s: s.update(version=1.0), ValueError, ("state", "version 1.0", "version 1")),
+    (lambda s: s.update(updates=1.5), TypeError,
+     ("state['updates']", "integer", "1.5", "float")),
+    (lambda s: s["policy"].pop("scale"), ValueError,
+     ("state['policy']", "missing keys", "['scale']")),
+    (lambda s: s["policy"].update(kind="fixed"), ValueError,
+     ("state['policy']", "'fixed'", "'dynamic'")),
     (lambda s: s["policy"].update(scale=float("nan")), ValueError,
-     r"^state\['policy'\]\['scale'\] must be finite, got nan$"),
+     ("state['policy']['scale']", "finite", "nan")),
     (lambda s: s["policy"].update(scale="8"), TypeError,
-     r"^state\['policy'\]\['scale'\] must be a real number, got '8' of type str$"),
+     ("state['policy']['scale']", "real number", "'8'", "str")),
     (lambda s: s["policy"].update(max_scale=-1.0), ValueError,
-     r"^state\['policy'\]\['max_scale'\] must be > 0, got -1\.0$"),
+     ("state['policy']['max_scale']", "> 0", "-1.0")),
     (lambda s: s["policy"].update(min_scale=1e-50), ValueError,
-     r"^state\['policy'\]\['min_scale'\]=1e-50 lies outside what the loss's dtype float32 "
-     r"can seed"),
+     ("state['policy']['min_scale']=1e-50", "float32", "seed", "1.401298464324817e-45",
+      "1.7014118346046923e+38")),
     (lambda s: s["policy"].update(growth_interval=0), ValueError,
-     r"^state\['policy'\]\['growth_interval'\] must be >= 1, got 0$"),
-    (lambda s: s.pop("precision"), ValueError, r"missing keys \['precision'\]"),
+     ("state['policy']['growth_interval']", ">= 1", "0")),
+    (lambda s: s.pop("precision"), ValueError, ("state", "missing keys", "['precision']")),
     (lambda s: s.update(precision={"mode": "fast|step|0.9"}), ValueError,
-     r"state has precision schedule .*'fast\|step\|0\.9'.* but this updater has None"),
+     ("state", "precision schedule", "'fast|step|0.9'", "this updater", "None")),
 ])
-def test_load_state_dict_errors_change_nothing(mutate, exc, message):
+def test_load_state_dict_errors_change_nothing(mutate, exc, facts):
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
                                         scale=16.0, N=5)
     updater.update()
     before = updater.state_dict()
-    with pytest.raises(exc, match=message):
+    with raises_naming(exc, *facts):
         updater.load_state_dict(_mutated(mutate))
     assert updater.state_dict() == before
 
 
-@pytest.mark.parametrize("counters, message", [
-    ({"steps": 9}, r"updates=3 \+ skipped_steps=5 != steps=9"),
+# Each broken rule is written as the counters' values in it.
+@pytest.mark.parametrize("counters, rule", [
+    ({"steps": 9}, "updates=3 + skipped_steps=5 != steps=9"),
     ({"updates": 4, "steps": 9, "overflow_streak": 5},
-     r"overflow_streak=5 > longest_overflow_streak=4"),
-    ({"overflow_streak": 6, "longest_overflow_streak": 6},
-     r"overflow_streak=6 > skipped_steps=5"),
-    ({"longest_overflow_streak": 6}, r"longest_overflow_streak=6 > skipped_steps=5"),
-    ({"bad_batches": 6}, r"bad_batches=6 > skipped_steps=5"),
+     "overflow_streak=5 > longest_overflow_streak=4"),
+    ({"overflow_streak": 6, "longest_overflow_streak": 6}, "overflow_streak=6 > skipped_steps=5"),
+    ({"longest_overflow_streak": 6}, "longest_overflow_streak=6 > skipped_steps=5"),
+    ({"bad_batches": 6}, "bad_batches=6 > skipped_steps=5"),
 ], ids=["steps", "streak above longest", "streak above skipped", "longest above skipped",
         "bad batches above skipped"])
-def test_load_state_dict_refuses_inconsistent_counters(counters, message):
+def test_load_state_dict_refuses_inconsistent_counters(counters, rule):
     net = Net()
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
                                         policy=DynamicLossScale(
                                             init_scale=16.0, growth_interval=3, hysteresis=2))
     updater.update()
     before = updater.state_dict()
-    with pytest.raises(ValueError, match=r"state's counters are inconsistent: " + message):
+    with raises_naming(ValueError, "counters", "inconsistent", rule):
         updater.load_state_dict(_mutated(lambda s: s.update(counters)))
     assert updater.state_dict() == before
 
@@ -184,6 +187,14 @@ def test_load_state_dict_refuses_inconsistent_counters(counters, message):
 def _nnabla_warnings(caplog):
     return [r.getMessage() for r in caplog.records
             if r.name == "nnabla" and r.levelno == logging.WARNING]
+
+
+def _assert_warned(caplog, *warnings):
+    """One nnabla warning for each tuple of facts, in this order, each holding its facts."""
+    said = _nnabla_warnings(caplog)
+    assert len(said) == len(warnings), said
+    for text, facts in zip(said, warnings):
+        assert_names(text, "nnabla_mpt", *facts)
 
 
 def test_load_state_dict_warns_once_about_the_settings_it_replaces(caplog):
@@ -201,10 +212,10 @@ def test_load_state_dict_warns_once_about_the_settings_it_replaces(caplog):
                                           backoff_factor=1 / 4.0, growth_interval=2000,
                                           min_scale=2.0))
     other.load_state_dict(EXPECTED_STATE)
-    assert _nnabla_warnings(caplog) == [
-        "nnabla_mpt: the loaded state replaces the constructor's scaling_factor=4 with 2, "
-        "backoff_factor=0.25 with 0.5, N=2000 with 3, hysteresis=1 with 2, "
-        "min_scale=2 with 1"]
+    # each setting the state replaces: the constructor's value, then the state's
+    _assert_warned(caplog, ("the loaded state", "constructor", "scaling_factor=4", "2",
+                            "backoff_factor=0.25", "0.5", "N=2000", "3", "hysteresis=1", "2",
+                            "min_scale=2", "1"))
     assert (other.N, other.scaling_factor, other.policy.min_scale) == (3, 2.0, 1.0)
 
 
@@ -220,9 +231,8 @@ def test_load_checkpoint_warns_about_the_settings_it_replaces(tmp_path, caplog):
     second = Net("half", scope="first")
     resumed = DynamicLossScalingUpdater(second.solver("Sgd", lr=0.1), second.loss)
     resumed.load_checkpoint(path)
-    assert _nnabla_warnings(caplog) == [
-        "nnabla_mpt: the loaded state replaces the constructor's backoff_factor=0.5 with "
-        "0.25, max_scale=32768 with 16384, growth_mode='probe' with 'measured'"]
+    _assert_warned(caplog, ("the loaded state", "constructor", "backoff_factor=0.5", "0.25",
+                            "max_scale=32768", "16384", "growth_mode='probe'", "'measured'"))
     assert resumed.state_dict() == saved.state_dict()
 
 
@@ -237,9 +247,9 @@ def _float32_state(scale=2.0 ** 20, **policy):
     return updater, state
 
 
-LOWERED = ("the largest power of two the loss's dtype float16 holds (backward(scale) seeds "
-           "the pass in that dtype, where a larger scale overflows every step): lowered to "
-           "32768")
+# what a warning about a state's scale above float16's ceiling carries besides the values
+LOWERED = ("loaded", "above 32768", "largest power of two", "float16",
+           "backward(scale)", "overflows every step", "lowered to 32768")
 
 
 def test_a_float32_state_loaded_into_a_float16_updater_keeps_to_its_ceiling(caplog):
@@ -250,10 +260,9 @@ def test_a_float32_state_loaded_into_a_float16_updater_keeps_to_its_ceiling(capl
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder,
                                         N=1000)
     updater.load_state_dict(state)
-    assert _nnabla_warnings(caplog) == [
-        "nnabla_mpt: the loaded state['policy']['scale']=1048576 and "
-        "state['policy']['max_scale']=16777216 are above 32768, " + LOWERED,
-        "nnabla_mpt: the loaded state replaces the constructor's N=1000 with 2000"]
+    _assert_warned(caplog, ("state['policy']['scale']=1048576",
+                            "state['policy']['max_scale']=16777216") + LOWERED,
+                   ("the loaded state", "constructor", "N=1000", "2000"))
     assert (updater.scale, updater.policy.max_scale) == (2.0 ** 15, 2.0 ** 15)
     assert [updater.update().skipped for _ in range(6)] == [False] * 6
     # the counters and the settings the dtype does not bound are the state's
@@ -267,12 +276,13 @@ def test_a_crafted_checkpoint_loaded_into_a_float16_updater_keeps_to_its_ceiling
                                   good_steps=0)
     saved.load_state_dict(state)          # a float32 graph lowers them to 2**127
     assert (saved.scale, saved.policy.max_scale) == (2.0 ** 30, 2.0 ** 127)
-    assert _nnabla_warnings(caplog)[0] == (    # compact numbers, not 309 digits
-        "nnabla_mpt: the loaded state['policy']['max_scale']=1e+308 is above "
-        "1.7014118346046923e+38, the largest power of two the loss's dtype float32 holds "
-        "(backward(scale) seeds the pass in that dtype, where a larger scale overflows every "
-        "step): lowered to 1.7014118346046923e+38")
-    with pytest.raises(ValueError, match=r"max_scale=1e\+308 is above 1\.70141e\+38"):
+    # compact numbers, not 309 digits
+    assert_names(_nnabla_warnings(caplog)[0], "nnabla_mpt", "loaded",
+                 "state['policy']['max_scale']=1e+308", "1.7014118346046923e+38",
+                 "largest power of two", "float32", "backward(scale)",
+                 "lowered to 1.7014118346046923e+38")
+    with raises_naming(ValueError, "DynamicLossScale.max_scale", "1e+308", "refused",
+                       "max_scale=1e+308", "1.70141e+38", "largest power of two"):
         saved.policy.max_scale = 1e308    # the policy refuses it; a crafted file has it:
     saved.policy.__dict__["max_scale"] = 1e308
     path = tmp_path / "crafted.npz"
@@ -281,9 +291,8 @@ def test_a_crafted_checkpoint_loaded_into_a_float16_updater_keeps_to_its_ceiling
     net = Net("half", scope="first")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder, N=1)
     updater.load_checkpoint(path)
-    assert _nnabla_warnings(caplog) == [
-        "nnabla_mpt: the loaded state['policy']['scale']=1073741824 and "
-        "state['policy']['max_scale']=1e+308 are above 32768, " + LOWERED]
+    _assert_warned(caplog, ("state['policy']['scale']=1073741824",
+                            "state['policy']['max_scale']=1e+308") + LOWERED)
     results = [updater.update() for _ in range(12)]
     assert [r.skipped for r in results] == [False] * 12
     assert {r.scale for r in results} == {2.0 ** 15}
@@ -296,8 +305,7 @@ def test_a_fixed_float32_state_loaded_into_a_float16_updater_keeps_to_its_ceilin
     net = Net("half", scope="first")
     updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder)
     updater.load_state_dict(state)
-    assert _nnabla_warnings(caplog) == [
-        "nnabla_mpt: the loaded state['policy']['scale']=1048576 is above 32768, " + LOWERED]
+    _assert_warned(caplog, ("state['policy']['scale']=1048576",) + LOWERED)
     assert updater.scale == 2.0 ** 15 and not updater.update().skipped
 
 
@@ -305,11 +313,10 @@ def test_a_state_whose_min_scale_float16_cannot_seed_is_refused():
     net = Net("half", scope="first")
     updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.01), net.loss, net.feeder)
     before = updater.state_dict()
-    for low, message in ((2.0 ** -30, r"9\.313225746154785e-10"), (2.0 ** 16, r"65536")):
+    for low, written in ((2.0 ** -30, "9.313225746154785e-10"), (2.0 ** 16, "65536")):
         _, state = _float32_state(scale=2.0 ** 17, min_scale=low, max_scale=2.0 ** 18)
-        with pytest.raises(ValueError, match=r"^state\['policy'\]\['min_scale'\]=" + message
-                           + r" lies outside what the loss's dtype float16 can seed, "
-                             r"\[5\.960464477539063e-08, 32768\]"):
+        with raises_naming(ValueError, f"state['policy']['min_scale']={written}", "float16",
+                           "seed", "5.960464477539063e-08", "32768"):
             updater.load_state_dict(state)
         assert updater.state_dict() == before
 
@@ -325,8 +332,7 @@ def test_a_state_with_the_calibration_due_makes_a_numeric_scale_measure_with_a_w
                                        scale=8.0)
     caplog.set_level(logging.WARNING, logger="nnabla")
     number.load_state_dict(state)
-    assert _nnabla_warnings(caplog) == [
-        "nnabla_mpt: the loaded state replaces the constructor's scale=8 with 'auto'"]
+    _assert_warned(caplog, ("the loaded state", "constructor", "scale=8", "'auto'"))
     assert number.state_dict() == state
     caplog.set_level(logging.INFO, logger="nnabla")
     number.update()
@@ -339,9 +345,8 @@ def test_a_fixed_updater_refuses_a_state_with_the_calibration_due():
     updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
                                       scale=32.0)
     state = {**updater.state_dict(), "calibration_pending": True}
-    with pytest.raises(ValueError, match=r"state\['calibration_pending'\] is True, but "
-                                         r"FixedLossScalingUpdater has no scale='auto' to "
-                                         r"measure"):
+    with raises_naming(ValueError, "state['calibration_pending']", "True",
+                       "FixedLossScalingUpdater", "no scale='auto'"):
         updater.load_state_dict(state)
     assert updater.state_dict()["calibration_pending"] is False
 
@@ -370,7 +375,9 @@ def test_load_state_dict_with_a_precision_schedule_is_all_or_nothing():
     state["policy"]["scale"] = 8.0
     state["steps"] = state["updates"] = 3
     state["precision"]["total_steps"] = 20          # not this updater's schedule
-    with pytest.raises(ValueError, match=r"precision schedule .* differs"):
+    with raises_naming(ValueError, "checkpoint's", "precision schedule", "total_steps",
+                       "('fast|step|0.5', 20, None)", "this updater's",
+                       "('fast|step|0.5', 10, None)"):
         updater.load_state_dict(state)
     assert updater.state_dict() == before           # the policy was not loaded either
 
@@ -379,9 +386,11 @@ def test_fixed_state_cannot_be_loaded_into_dynamic_updater():
     net = Net()
     fixed = FixedLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss)
     dynamic = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss)
-    with pytest.raises(ValueError, match=r"saved by FixedLossScalingUpdater"):
+    with raises_naming(ValueError, "saved by FixedLossScalingUpdater",
+                       "DynamicLossScalingUpdater"):
         dynamic.load_state_dict(fixed.state_dict())
-    with pytest.raises(ValueError, match=r"saved by DynamicLossScalingUpdater"):
+    with raises_naming(ValueError, "saved by DynamicLossScalingUpdater",
+                       "FixedLossScalingUpdater"):
         fixed.load_state_dict(dynamic.state_dict())
 
 
@@ -482,22 +491,22 @@ def test_load_checkpoint_rejects_other_parameters_and_lists_them(tmp_path):
     other = Net(scope="b", hidden=None)              # no hidden layer
     other_updater = DynamicLossScalingUpdater(other.solver("Adam", alpha=1e-2), other.loss)
     before = other.snapshot()
-    with pytest.raises(ValueError, match=r"unknown keys \['hidden/affine/W', "
-                                         r"'hidden/affine/b'\]"):
+    with raises_naming(ValueError, "parameters", repr(str(path)), "unknown keys",
+                       "['hidden/affine/W', 'hidden/affine/b']"):
         other_updater.load_checkpoint(path)
     assert_bitwise_equal(other.snapshot(), before)
 
     wide = Net(scope="c", hidden=3, d_out=3)
     wide_updater = DynamicLossScalingUpdater(wide.solver("Adam", alpha=1e-2), wide.loss)
     before = wide.snapshot()
-    with pytest.raises(ValueError, match=r"do not match the solver's shapes") as info:
+    # each array that differs, with its shape in the file, and the shape here
+    with raises_naming(ValueError, "the solver's shapes", repr(str(path)), "in the file",
+                       "param/out/affine/W: (3, 2)", "(3, 3)", "param/out/affine/b: (2,)",
+                       "(3,)", "solver/out/affine/W/mean: (3, 2)", "(3, 3)") as info:
         wide_updater.load_checkpoint(path)
     message = str(info.value)
-    assert "param/out/affine/W: (3, 2) in the file, (3, 3) here" in message
-    assert "param/out/affine/b: (2,) in the file, (3,) here" in message
-    assert "solver/out/affine/W/mean: (3, 2) in the file, (3, 3) here" in message
     assert "hidden" not in message
-    assert str(path) in message and "PosixPath" not in message
+    assert "PosixPath" not in message
     assert_bitwise_equal(wide.snapshot(), before)
 
 
@@ -511,8 +520,8 @@ def test_load_checkpoint_with_another_solver_changes_nothing(tmp_path):
     other_updater = DynamicLossScalingUpdater(solver, other.loss, other.feeder, scale=2.0)
     other_updater.update()
     before = (other.snapshot(), solver_states(solver), other_updater.state_dict())
-    with pytest.raises(ValueError, match=r"missing keys \['m'\]; unknown keys "
-                                         r"\['mean', 'var'\]"):
+    with raises_naming(ValueError, "solver state", "'out/affine/b'", repr(str(path)),
+                       "missing keys", "['m']", "unknown keys", "['mean', 'var']"):
         other_updater.load_checkpoint(path)
     assert_bitwise_equal(other.snapshot(), before[0])
     assert_states_bitwise_equal(solver_states(solver), before[1])
@@ -539,7 +548,7 @@ def test_load_checkpoint_rejects_a_foreign_file(tmp_path):
     path = tmp_path / "other.npz"
     np.savez(path, w=np.zeros(3))
     _, _, updater = _adam_run()
-    with pytest.raises(ValueError, match=r"not an nnabla_mpt checkpoint"):
+    with raises_naming(ValueError, repr(str(path)), "not an nnabla_mpt checkpoint"):
         updater.load_checkpoint(path)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from nnabla_mpt import (DynamicLossScalingUpdater, FixedLossScalingUpdater, OverflowHandling,
                         PrecisionSchedule)
-from support import Net, assert_bitwise_equal
+from support import Net, assert_bitwise_equal, assert_names
 
 
 def relu_net():
@@ -51,13 +51,14 @@ def test_a_run_of_bad_batches_is_no_collapse_and_is_not_silent(caplog):
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG
              and "bad batch" in r.getMessage()]
     assert len(debug) == 12
-    assert debug[0].startswith("nnabla_mpt: step 0 skipped: a bad batch (input #0 of shape "
-                               "(4, 3) holds inf/NaN); loss scale 1024 kept")
+    assert_names(debug[0], "nnabla_mpt", "step 0", "skipped", "bad batch",
+                 "input #0 of shape (4, 3)", "inf/NaN", "loss scale 1024", "kept")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2                                   # the 1st and the 10th
-    assert warnings[0].startswith("nnabla_mpt: 1 bad batch so far: step 0 read an input "
-                                  "holding inf/NaN")
-    assert warnings[1].startswith("nnabla_mpt: 10 bad batches so far: step 9")
+    assert_names(warnings[0], "nnabla_mpt", "1 bad batch", "step 0", "inf/NaN",
+                 "input #0 of shape (4, 3)", "without lowering the loss scale",
+                 "updater.bad_batches", "numpy.isfinite")
+    assert_names(warnings[1], "nnabla_mpt", "10 bad batches", "step 9")
     assert updater.update().updated                             # batch 12 is clean
 
 
@@ -178,6 +179,6 @@ def test_running_statistics_a_bad_batch_made_non_finite_are_named_once(size, cap
         assert named == []          # no running statistics: nothing to name
         return
     assert len(named) == 1, named   # the later bad batches find them non-finite already
-    assert ("the bad batch of step 1 left state/bn/bn/mean, state/bn/bn/var holding inf/NaN"
-            in named[0])
+    assert_names(named[0], "bad batch", "step 1", "state/bn/bn/mean", "state/bn/bn/var",
+                 "inf/NaN", "running statistics", "load_checkpoint", "numpy.isfinite")
     assert not np.isfinite(model.params["bn/bn/mean"].d).all()
