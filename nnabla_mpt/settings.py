@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from .core import _validate as check
 from .scale.bounded_policy import fixed_policy
-from .step.feeder import checked_feeder, install_feeder
+from .step.micro_batch import checked_feeder, install_feeder
 from .step.overflow_handling import FLOOR_POLICIES, OverflowHandling, check_retries
 
 

@@ -6,7 +6,7 @@ One call of ``update()`` runs the step (:meth:`_LossScalingUpdater.update`)::
     before:       scale="auto" still to measure: calibrate on the first batch;
                   measured growth: watch the step's backward passes    scale/measured.py
     accum_grad times: feed a batch, forward (with outputs=), backward with
-                  the loss scale                                           step/step_loss.py
+                  the loss scale                                         step/micro_batch.py
     decide:       all-reduce (with a communicator), check for overflow: an Outcome
                   (updated, or skipped and why)  step/decision.py, distributed/agreement.py
                   unscale, clip; a clipping norm not finite skips it too    step/unscale.py
@@ -46,9 +46,9 @@ from .step import collapse
 from .step.collapse import CollapseWatch
 from .step.decision import LocalDecision, Outcome, StepResult
 from .step.detector import BatchCheck, OverflowDetector, overflow_checks
-from .step.feeder import StaleInputs, install_feeder
+from .step.micro_batch import (BackwardSeed, LossRecorder, StaleInputs, StepLosses,
+                               install_feeder)
 from .step.overflow_handling import check_retries
-from .step.step_loss import BackwardSeed, LossRecorder, StepLosses
 from .step.unscale import Unscaler
 
 

@@ -22,10 +22,9 @@ from .scale.policy import DynamicLossScale, GrowthMode
 from .scale.precision import PrecisionSchedule
 from .settings import (between_steps, checked_accum_grad, checked_clip_grad_norm,
                        checked_weight_decay, given)
-from .step.feeder import checked_feeder
-from .step.overflow_handling import OverflowHandling
 from .step.decision import StepResult
-from .step.step_loss import checked_outputs
+from .step.micro_batch import checked_feeder, checked_outputs
+from .step.overflow_handling import OverflowHandling
 from .step.unscale import checked_lr_scheduler
 from .step_loop import _LossScalingUpdater
 

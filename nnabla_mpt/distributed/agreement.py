@@ -39,7 +39,7 @@ from nnabla.logger import logger
 from ..core import graph
 from ..step.decision import Outcome, skipped_for
 from ..step.detector import BatchCheck
-from ..step.step_loss import StepLosses
+from ..step.micro_batch import StepLosses
 from . import exchange
 from .communicator import MPICommunicator
 from .packed import PackedArrays

@@ -218,7 +218,7 @@ class ScaleMeter:
 
     def growth_room(self, watch: RangeWatch, held: float) -> Tuple[float, float, float]:
         """What the step watched with a seed holding ``held`` (its scale as the loss's
-        dtype holds it, :attr:`~nnabla_mpt.step.step_loss.BackwardSeed.held`: what the gradients
+        dtype holds it, :attr:`~nnabla_mpt.step.micro_batch.BackwardSeed.held`: what the gradients
         carry) measured, before the step is decided: ``(cap, reach, held)``
         (:func:`reaches`) over the watched passes, each rank's own gradients
         (:meth:`watch_own`) and the reduced ones, each the smallest over the ranks.

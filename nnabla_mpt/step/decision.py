@@ -16,7 +16,7 @@ import nnabla as nn
 
 from ..scale.gradient_stats import GradientStats
 from .detector import BatchCheck
-from .step_loss import StepLosses
+from .micro_batch import StepLosses
 
 
 class Outcome(enum.Enum):

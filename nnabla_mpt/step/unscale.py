@@ -60,7 +60,7 @@ class Unscaler:
 
     def unscale(self, held: float, updates: int = 0) -> Optional[float]:
         """Unscales the gradients of a step whose seed held ``held`` (the step's scale as
-        the loss's dtype holds it, :attr:`~nnabla_mpt.step.step_loss.BackwardSeed.held`: dividing
+        the loss's dtype holds it, :attr:`~nnabla_mpt.step.micro_batch.BackwardSeed.held`: dividing
         by the scale itself would leave an error of up to 0.05% in float16) and clips
         them; returns the clipping norm, the unscaled gradients' global L2 norm (None
         without clipping). With ``lr_scheduler``, first fetches the rate :meth:`apply`

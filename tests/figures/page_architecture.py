@@ -22,6 +22,7 @@ QUOTES = [
 ]
 
 NOT_MEASURED = {
+    "one micro-batch's pass: the": "what the module covers, a pass per micro-batch",
     "the step loop itself fits on one page": "the step loop's module, a single page",
     "and one folder is no part of the step at all": "the folder ``report/``, named next",
     "says in one line what it holds": "the form of a folder's docstring",

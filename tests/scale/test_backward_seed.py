@@ -7,7 +7,7 @@ import nnabla.functions as F
 
 from nnabla_mpt import DynamicLossScale, DynamicLossScalingUpdater, FixedLossScalingUpdater
 from nnabla_mpt.core.dtypes import held_scale
-from nnabla_mpt.step.step_loss import BackwardSeed
+from nnabla_mpt.step.micro_batch import BackwardSeed
 from support import Net, assert_bitwise_equal
 
 

@@ -11,7 +11,7 @@ import nnabla as nn
 import nnabla.functions as F
 
 from nnabla_mpt import DynamicLossScalingUpdater, FixedLossScalingUpdater
-from nnabla_mpt.step.step_loss import StepLosses
+from nnabla_mpt.step.micro_batch import StepLosses
 from support import Net
 
 
