@@ -137,6 +137,40 @@ def test_a_non_finite_rate_is_refused_before_the_step_changes_anything():
     updater.load_state_dict(updater.state_dict())
 
 
+class _Given:
+    """A schedule of one rate, whatever the update."""
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def get_learning_rate(self, iter):
+        return self.rate
+
+
+@pytest.mark.parametrize("rate, facts", [
+    (-0.1, ("lr_scheduler.get_learning_rate(0)", "-0.1", ">= 0")),
+    (math.inf, ("lr_scheduler.get_learning_rate(0)", "inf", "finite")),
+    ("abc", ("lr_scheduler.get_learning_rate(0)", "'abc'", "str", "not a number"))])
+def test_a_rate_that_is_negative_infinite_or_no_number_is_refused(rate, facts):
+    net = Net()
+    updater = FixedLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=1.0,
+                                      lr_scheduler=_Given(rate))
+    before = net.snapshot()
+    with raises_naming(ValueError, *facts):
+        updater.update()
+    assert_bitwise_equal(net.snapshot(), before)
+
+
+def test_a_rate_of_zero_is_taken_and_leaves_the_parameters():
+    # a warm-up that starts from 0: the step is taken, with no change to the parameters
+    net = Net()
+    updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.5), net.loss, net.feeder,
+                                      scale=1.0, lr_scheduler=_Given(0.0))
+    before = net.snapshot()
+    assert updater.update().updated and updater.updates == 1
+    assert_bitwise_equal(net.snapshot(), before)
+
+
 def test_the_migration_page_s_warm_up_is_the_script_s_update_by_update():
     """nnabla-examples' cifar10 sets the rate after its update ``i`` (``if i <=
     warmup_iter: lr = base_lr + warmup_slope * i``), so each update runs at the rate the

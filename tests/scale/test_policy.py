@@ -413,3 +413,71 @@ def test_measured_growth_between_powers_of_the_factor_clamps_to_max_scale():
                          growth_mode="measured")
     p.update(False, room=16.0)
     assert p.loss_scale == 3000.0            # 1000 * 2**4 clamped, as probe growth clamps
+
+
+# -- the edges: defaults, bounds met exactly, growth counted to a cap --------------------
+
+def test_the_defaults_are_the_documented_ones():
+    policy = DynamicLossScale()
+    assert (policy.loss_scale, policy.growth_factor, policy.backoff_factor,
+            policy.growth_interval, policy.hysteresis, policy.min_scale,
+            policy.max_scale, policy.growth_mode) == (2.0 ** 15, 2.0, 0.5, 2000, 1, 1.0,
+                                                      2.0 ** 24, "probe")
+    assert FixedLossScale().loss_scale == 128.0
+
+
+def test_growth_is_counted_no_further_than_the_cap():
+    from nnabla_mpt.scale.policy import growth_factors
+    # 1, 2, 4, 8: a fourth factor would start from 16, the cap
+    assert growth_factors(1e9, 2.0, 1.0, 16.0) == 4
+    # 1, 1.5, 2.25: a third factor starts from 3.375 > 2.5
+    assert growth_factors(1e6, 1.5, 1.0, 2.5) == 3
+    assert growth_factors(1e6, 1.5) == 34 and growth_factors(7.9, 2.0) == 2
+
+
+def test_a_measured_growth_with_a_factor_below_two_stops_at_max_scale():
+    policy = DynamicLossScale(init_scale=1.0, growth_factor=1.5, growth_interval=1,
+                              max_scale=2.5, growth_mode="measured")
+    policy.update(False, room=1e6)
+    assert policy.loss_scale == 2.5
+
+
+def test_a_measured_growth_with_unbounded_room_grows_to_max_scale():
+    # every gradient zero: nothing bounds the room, the scale goes to its upper bound
+    policy = DynamicLossScale(init_scale=8.0, growth_interval=1, max_scale=1024.0,
+                              growth_mode="measured")
+    policy.update(False, room=math.inf)
+    assert policy.loss_scale == 1024.0
+
+
+def test_bounds_met_exactly_are_accepted():
+    from nnabla_mpt.scale.policy import SCALE_LIMIT
+    assert DynamicLossScale(init_scale=8.0, min_scale=8.0, max_scale=8.0).loss_scale == 8.0
+    assert FixedLossScale(SCALE_LIMIT).loss_scale == SCALE_LIMIT
+    with raises_naming(ValueError, "scale", "finite float32"):
+        FixedLossScale(SCALE_LIMIT * 2)
+
+
+def test_a_fixed_scale_set_is_checked_like_the_constructor_s():
+    policy = FixedLossScale(8.0)
+    policy.set_loss_scale(1.0)
+    assert policy.loss_scale == 1.0
+    with raises_naming(ValueError, "scale", ">= 1", "0.5"):
+        policy.set_loss_scale(0.5)
+    assert policy.loss_scale == 1.0
+
+
+def test_a_state_with_a_negative_hysteresis_left_is_refused_naming_it():
+    policy = DynamicLossScale(hysteresis=2)
+    state = {**policy.state_dict(), "hysteresis_left": -1}
+    with raises_naming(ValueError, "state['policy']['hysteresis_left']", ">= 0", "-1"):
+        policy.load_state_dict(state, name="state['policy']")
+    assert policy.hysteresis_left == 2
+
+
+def test_a_state_without_its_kind_is_refused_naming_the_missing_key():
+    for policy in (DynamicLossScale(), FixedLossScale()):
+        state = policy.state_dict()
+        del state["kind"]
+        with raises_naming(ValueError, "state['policy']", "'kind'"):
+            policy.load_state_dict(state, name="state['policy']")
