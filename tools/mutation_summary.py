@@ -1,0 +1,65 @@
+"""The result of the last mutation run (``tools/mutation.sh``): a line per module mutated,
+read from mutmut's records in ``mutants/``.
+
+Each module's line gives its mutants, those killed (a test failed, timed out or crashed
+on them), those that survived, and of these the ones ``tools/mutation_equivalent.txt``
+lists with why they cannot change what the code does; the share killed counts the
+listed ones as killed. The survivors no line explains are printed by name, and a listed
+name that no longer survives is said to be stale.
+
+Usage: .venv/bin/python tools/mutation_summary.py [MODULE ...]   (e.g. scale/policy)
+"""
+import json
+import pathlib
+import sys
+from collections import Counter
+
+from mutmut.stats import status_by_exit_code
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EQUIVALENT = ROOT / "tools" / "mutation_equivalent.txt"
+KILLED = {"killed", "timeout", "segfault"}
+
+
+def explained():
+    """``mutant name -> why it is equivalent`` from :data:`EQUIVALENT` (lines ``NAME  WHY``;
+    ``#`` starts a comment)."""
+    listed = {}
+    for line in EQUIVALENT.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, why = line.partition(" ")
+            listed[name] = why.strip()
+    return listed
+
+
+def main(wanted):
+    listed = explained()
+    print(f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'listed':>6} "
+          f"{'killed or listed':>16}")
+    unexplained, survivors = [], set()
+    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
+        module = meta.relative_to(ROOT / "mutants" / "nnabla_mpt").as_posix()[:-len(".py.meta")]
+        if wanted and module not in wanted:
+            continue
+        codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+        status = {name: status_by_exit_code[code] for name, code in codes.items()}
+        counts = Counter("killed" if s in KILLED else s for s in status.values())
+        alive = sorted(name for name, s in status.items() if s == "survived")
+        survivors.update(alive)
+        equivalent = [name for name in alive if name in listed]
+        unexplained += [name for name in alive if name not in listed]
+        other = {k: v for k, v in counts.items() if k not in ("killed", "survived")}
+        share = 100.0 * (counts["killed"] + len(equivalent)) / max(len(status), 1)
+        print(f"{module + '.py':24} {len(status):7d} {counts['killed']:6d} "
+              f"{counts['survived']:8d} {len(equivalent):6d} {share:15.1f}%"
+              + (f"  {dict(other)}" if other else ""))
+    for name in unexplained:
+        print(f"survived, not explained: {name}")
+    for name in sorted(set(listed) - survivors):
+        if not wanted or any(name.startswith(f"nnabla_mpt.{m.replace('/', '.')}.") for m in wanted):
+            print(f"listed but no longer surviving (stale): {name}")
+
+
+if __name__ == "__main__":
+    main({m[:-3] if m.endswith(".py") else m for m in sys.argv[1:]})
