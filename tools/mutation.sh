@@ -9,7 +9,7 @@
 # Usage: tools/mutation.sh [--fresh] [MODULE ...]
 #   MODULE   e.g. scale/policy step/unscale (default: every module of only_mutate)
 #   --fresh  forget earlier results (mutmut keeps them in mutants/ and runs only new or
-#            changed mutants otherwise)
+#            changed mutants otherwise, and the survivors again)
 # Prints a line per module: mutants, killed, survived, timeouts, share killed (a timeout
 # or a crash of the tests kills a mutant too). One test process at a time. The survivors:
 # .venv/bin/mutmut results; one of them: .venv/bin/mutmut show NAME.
@@ -29,5 +29,12 @@ start=$(date +%s)
 # mutmut redraws its progress line with \r: keep its last state only
 "$VENV_PY" -m mutmut run --max-children 1 "${patterns[@]}" 2>&1 | tr '\r' '\n' \
     | grep -vE '^(⠋|⠙|⠹|⠸|⠼|⠴|⠦|⠧|⠇|⠏)' | grep -vE '^\s*$' | tail -n 3 || true
+# the survivors of earlier runs are tried again: a test added since may kill them
+mapfile -t survivors < <("$VENV_PY" tools/mutation_summary.py --survivors "$@")
+if [ "${#survivors[@]}" -gt 0 ]; then
+    echo "trying the ${#survivors[@]} survivors again"
+    "$VENV_PY" -m mutmut run --max-children 1 "${survivors[@]}" 2>&1 | tr '\r' '\n' \
+        | grep -vE '^(⠋|⠙|⠹|⠸|⠼|⠴|⠦|⠧|⠇|⠏)' | grep -vE '^\s*$' | tail -n 3 || true
+fi
 echo "wall time of the mutation run: $(( $(date +%s) - start )) s"
 "$VENV_PY" tools/mutation_summary.py "$@"

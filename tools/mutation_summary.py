@@ -7,7 +7,9 @@ lists with why they cannot change what the code does; the share killed counts th
 listed ones as killed. The survivors no line explains are printed by name, and a listed
 name that no longer survives is said to be stale.
 
-Usage: .venv/bin/python tools/mutation_summary.py [MODULE ...]   (e.g. scale/policy)
+Usage: .venv/bin/python tools/mutation_summary.py [--survivors] [MODULE ...]
+(e.g. scale/policy); ``--survivors`` prints only the names of the surviving mutants, one
+a line, for ``mutmut run`` to try again.
 """
 import json
 import pathlib
@@ -33,17 +35,22 @@ def explained():
     return listed
 
 
+def records(wanted):
+    """``(module, {mutant name: status})`` of each module mutated (of ``wanted`` only,
+    when given), from mutmut's records."""
+    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
+        module = meta.relative_to(ROOT / "mutants" / "nnabla_mpt").as_posix()[:-len(".py.meta")]
+        if not wanted or module in wanted:
+            codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+            yield module, {name: status_by_exit_code[code] for name, code in codes.items()}
+
+
 def main(wanted):
     listed = explained()
     print(f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'listed':>6} "
           f"{'killed or listed':>16}")
     unexplained, survivors = [], set()
-    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
-        module = meta.relative_to(ROOT / "mutants" / "nnabla_mpt").as_posix()[:-len(".py.meta")]
-        if wanted and module not in wanted:
-            continue
-        codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
-        status = {name: status_by_exit_code[code] for name, code in codes.items()}
+    for module, status in records(wanted):
         counts = Counter("killed" if s in KILLED else s for s in status.values())
         alive = sorted(name for name, s in status.items() if s == "survived")
         survivors.update(alive)
@@ -62,4 +69,11 @@ def main(wanted):
 
 
 if __name__ == "__main__":
-    main({m[:-3] if m.endswith(".py") else m for m in sys.argv[1:]})
+    args = sys.argv[1:]
+    modules = {m[:-3] if m.endswith(".py") else m for m in args if m != "--survivors"}
+    if "--survivors" in args:
+        for _, status in records(modules):
+            for name in sorted(name for name, s in status.items() if s == "survived"):
+                print(name)
+    else:
+        main(modules)

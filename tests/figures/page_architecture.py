@@ -22,6 +22,11 @@ QUOTES = [
 ]
 
 NOT_MEASURED = {
+    "one micro-batch's pass with the backward seed": "what the module covers, a pass per "
+                                                     "micro-batch",
+    "which changes one thing at a time": DESIGN,
+    "On a change to one of these modules": PRONOUN,
+    "and every listed one that no longer survives": PRONOUN,
     "one micro-batch's pass: the": "what the module covers, a pass per micro-batch",
     "the step loop itself fits on one page": "the step loop's module, a single page",
     "and one folder is no part of the step at all": "the folder ``report/``, named next",

@@ -119,6 +119,7 @@ def test_auto_starts_at_the_measured_scale_and_steps_like_a_fixed_scale(accum_gr
     assert_names(line, "nnabla_mpt", "scale='auto'", f"starts at {start:g}", "this step's batch",
                  "largest gradient", "at scale 1", f"{start:g}", "largest power of two",
                  "[1, 32768]", "8 times below")
+    assert "smallest start over" not in line            # one process: no other rank
 
     # Exactly what a fixed-scale step at that scale does on the same batches.
     ref_solver = ref.solver("Adam", alpha=1e-2)
@@ -758,3 +759,86 @@ def test_a_resumed_run_keeps_the_history_and_its_trajectory(tmp_path):
     c.load_state_dict({**c.state_dict(), "scale_history": []})
     forgetful = [c.update().next_scale for _ in range(4)]
     assert forgetful != [r.next_scale for r in uninterrupted[6:]]
+
+
+def test_the_calibrated_start_is_the_power_of_two_below_the_room_within_the_bounds():
+    from nnabla_mpt.scale.measured import calibrated_scale
+    assert calibrated_scale(1.0, 0.75, 2.0 ** -10, 1024.0) == 0.5     # below 1 too
+    assert calibrated_scale(4.0, 3.0, 1.0, 1024.0) == 8.0
+    assert calibrated_scale(1.0, 0.0, 2.0 ** -10, 1024.0) == 2.0 ** -10
+    assert calibrated_scale(1.0, math.inf, 1.0, 1024.0) == 1024.0
+    assert calibrated_scale(1.0, 1e9, 1.0, 1024.0) == 1024.0
+    assert calibrated_scale(1.0, 0.1, 1.0, 1024.0) == 1.0
+
+
+def test_auto_measures_at_the_first_probe_where_a_gradient_is_small_but_not_zero(info_log):
+    # gradients far below 1 at scale 1 are still a measurement: the probe stays at 1
+    net = Net("half", scope="small_grads")
+    with nn.context_scope(net.ctx):
+        small_loss = F.mul_scalar(net.loss, 1e-3)
+    updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), small_loss, net.feeder,
+                                        scale="auto")
+    updater.update()
+    [line] = [m for m in messages(info_log) if "scale='auto'" in m]
+    largest = float(line.split("the largest gradient is ")[1].split()[0])
+    assert 0.0 < largest < 1.0
+    assert_names(line, "at scale 1;")
+
+
+
+# -- what a watched pass measured, unit by unit ----------------------------------------------
+
+def _watch_of(net, *arrays, limit=65504.0):
+    """A RangeWatch of ``net``'s loss holding ``arrays`` (host values) with no bound."""
+    from nnabla_mpt.diagnosis.watch import RangeWatch
+    from nnabla_mpt.core import graph
+    watch = RangeWatch(net.loss, graph.float_context(net.loss))
+    held = []
+    for values in arrays:
+        a = nn.NdArray(np.shape(values))
+        a.data = np.asarray(values, dtype=np.float32)
+        held.append(a)
+    return watch.add(held, limit)
+
+
+def test_the_reaches_of_gradients_without_a_bound():
+    import warnings
+    from nnabla_mpt.scale.measured import reaches
+    net = Net("half", scope="reaches")
+    # the largest gradient 8 at scale 4: it would reach 65504 at 4 * 65504 / 8
+    assert reaches(_watch_of(net, [2.0, -1.0], [0.5, -8.0]), 4.0) == (
+        math.inf, 4.0 * 65504.0 / 8.0, 8.0)
+    # an inf or NaN: the pass overflowed, nothing to grow on
+    assert reaches(_watch_of(net, [1.0], [2.0, np.inf]), 4.0) == (0.0, 0.0, math.inf)
+    # every gradient zero: unbounded reach, and no division warning on the way
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reaches(_watch_of(net, [0.0], [0.0, 0.0]), 4.0) == (math.inf, math.inf, 0.0)
+
+
+def test_a_step_s_measurement_settles_into_the_room_the_policy_gets():
+    net = Net("half", scope="settled")
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=4.0,
+                                        growth_mode="measured")
+    meter = updater._meter
+    assert meter.settled(None, False) == (None, None)
+    assert meter.settled((64.0, 4096.0, 4.0), True) == (None, None)    # skipped: nothing
+    assert len(meter.history) == 0
+    assert meter.settled((64.0, 0.0, 4.0), False) == (0.0, 0.0)         # overflowed: hold
+    # one reach in a short history: supported with the margin of one batch, over the scale
+    assert meter.settled((64.0, 1.0, 4.0), False) == (1.0 / MARGIN / 4.0, 1.0 / MARGIN / 4.0)
+    assert meter.settled((2.0, 4096.0, 4.0), False) == (2.0 / 4.0, 4096.0 / MARGIN / 4.0)
+    assert len(meter.history) == 2
+
+
+def test_once_the_history_is_long_enough_every_25th_step_is_watched():
+    from nnabla_mpt.scale.scale_history import MIN_SAMPLES, WATCH_EVERY
+    net = Net("half", scope="watch_every")
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=4.0,
+                                        N=1000, growth_mode="measured")
+    meter = updater._meter
+    assert meter.growth_watch(3) is not None           # a short history: every step
+    for _ in range(MIN_SAMPLES):
+        meter.history.record(4096.0)
+    watched = [i for i in range(3 * WATCH_EVERY) if meter.growth_watch(i) is not None]
+    assert watched == [WATCH_EVERY - 1, 2 * WATCH_EVERY - 1, 3 * WATCH_EVERY - 1]

@@ -182,3 +182,16 @@ def test_running_statistics_a_bad_batch_made_non_finite_are_named_once(size, cap
     assert_names(named[0], "bad batch", "step 1", "state/bn/bn/mean", "state/bn/bn/var",
                  "inf/NaN", "running statistics", "load_checkpoint", "numpy.isfinite")
     assert not np.isfinite(model.params["bn/bn/mean"].d).all()
+
+
+def test_the_inputs_of_a_bad_batch_are_named_by_name_or_by_place():
+    from nnabla_mpt.step.detector import BatchCheck
+    net = Net()
+    net.feed(0)
+    x = net.x.d.copy()
+    x[1, 2] = np.inf
+    net.x.d = x
+    check = BatchCheck([net.loss], net.params)
+    assert check.nonfinite(net.loss) == ["input #0 of shape (4, 3)"]
+    net.x.name = "images"
+    assert check.nonfinite(net.loss) == ["input 'images'"]

@@ -301,3 +301,14 @@ def test_a_norm_just_above_the_bound_is_clipped_and_one_below_it_is_not(ratio):
     for name in after:
         np.testing.assert_allclose(after[name], expected[name], rtol=1e-6, atol=1e-7,
                                    err_msg=f"bound {ratio} x the norm, {name}")
+
+
+def test_a_bound_so_small_that_the_clip_factor_is_zero_zeroes_the_step():
+    # clip / norm underflows to 0 in float64: the gradients are scaled by 0 at once
+    net = Net("float", batch=4, d_in=3, d_out=2)
+    net.feed(0)
+    before = net.snapshot()
+    updater = FixedLossScalingUpdater(net.solver("Sgd", lr=LR), net.loss, scale=8.0,
+                                      clip_grad_norm=5e-324)
+    assert updater.update().updated
+    assert_bitwise_equal(net.snapshot(), before)

@@ -105,8 +105,8 @@ def test_inputs_nobody_writes_are_named_once(caplog, cls):
     assert not any(r.skipped for r in results)
     warned = _stale_warnings(caplog)
     assert len(warned) == 1, warned
-    assert_names(warned[0], "nnabla_mpt", "no data_feeder", "#0 of shape (4, 3)",
-                 "#1 of shape (4, 2)", "same values", "first two update() calls", "same batch",
+    assert_names(warned[0], "nnabla_mpt", "no data_feeder", "(#0 of shape (4, 3), #1 of shape (4, 2))",
+                 "same values", "first two update() calls", "same batch",
                  "data_feeder=...", "no arguments", "x.d = ...",
                  "write the inputs before each update()")
 
@@ -182,3 +182,38 @@ def test_a_graph_that_reads_no_input_needs_no_feeder(caplog):
     losses = [updater.update().loss for _ in range(3)]
     assert len(set(losses)) == 3                    # each step saw other noise
     assert _summed_warnings(caplog) == [] and _stale_warnings(caplog) == []
+
+
+def test_named_inputs_nobody_writes_are_named_by_their_names(caplog):
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net()
+    net.x.name, net.t.name = "images", "labels"
+    net.feed(0)
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, None, scale=8.0)
+    updater.update(), updater.update()
+    [warned] = _stale_warnings(caplog)
+    assert_names(warned, "('images', 'labels')")
+
+
+def test_inputs_that_hold_the_same_nan_are_the_same_batch(caplog):
+    # NaN equals NaN here: a batch that holds NaN at both calls is the same batch
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net()
+    net.feed(0)
+    x = net.x.d.copy()
+    x[0, 0] = np.nan
+    net.x.d = x
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, None, scale=8.0)
+    assert updater.update().bad_batch and updater.update().bad_batch
+    assert len(_stale_warnings(caplog)) == 1
+
+
+def test_two_passes_without_a_feeder_are_warned_about_too(caplog):
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    net = Net()
+    net.feed(0)
+    DynamicLossScalingUpdater(net.solver(), net.loss, None, scale=8.0,
+                              accum_grad=2).update()
+    [summed] = _summed_warnings(caplog)
+    assert_names(summed, "accum_grad=2", "sums one batch 2 times")
+

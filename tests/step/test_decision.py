@@ -22,3 +22,14 @@ def test_what_each_outcome_means(outcome, skipped, scale_at_fault):
     (False, True, Outcome.BAD_BATCH), (True, True, Outcome.BAD_BATCH)])
 def test_a_bad_batch_comes_first_then_a_non_finite_loss(loss_nonfinite, bad_batch, outcome):
     assert skipped_for(loss_nonfinite, bad_batch) is outcome
+
+
+def test_a_result_keeps_what_it_is_given_and_defaults_to_one_float_attempt():
+    from nnabla_mpt import StepResult
+    made = StepResult(step=3, skipped=True, scale=8.0, next_scale=4.0)
+    assert (made.attempts, made.precision, made.gradient_stats, made.bad_batch,
+            made.held_by, made.skipped_steps) == (1, "float", None, False, None, None)
+    given = StepResult(3, False, 8.0, 16.0, 2, "half", None, False, "ceiling", 5)
+    assert (given.attempts, given.precision, given.held_by, given.skipped_steps) == (
+        2, "half", "ceiling", 5)
+    assert given.updated and not made.updated
