@@ -102,6 +102,15 @@ def test_an_assignment_to_the_updater_s_policy_is_checked_and_changes_nothing(na
     assert [r.scale for r in results] == [1024.0, 1024.0, 2048.0, 2048.0]
 
 
+def test_the_bounds_the_loss_can_seed_are_themselves_allowed():
+    # float16's smallest positive value is a scale its seed holds: min_scale may be it
+    net = Net("half", scope="policy_edges")
+    updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=1024.0)
+    updater.policy.min_scale = 2.0 ** -24
+    updater.policy.max_scale = 2.0 ** 15
+    assert (updater.policy.min_scale, updater.policy.max_scale) == (2.0 ** -24, 2.0 ** 15)
+
+
 def test_a_standalone_policy_checks_every_assignment():
     policy = DynamicLossScale(init_scale=64.0, growth_interval=3, hysteresis=2)
     with raises_naming(ValueError, "DynamicLossScale.growth_factor", "-3", "refused",

@@ -481,3 +481,11 @@ def test_a_state_without_its_kind_is_refused_naming_the_missing_key():
         del state["kind"]
         with raises_naming(ValueError, "state['policy']", "'kind'"):
             policy.load_state_dict(state, name="state['policy']")
+
+
+def test_a_state_of_the_other_kind_is_refused_naming_the_state_as_given():
+    for policy, other in ((DynamicLossScale(), FixedLossScale()),
+                          (FixedLossScale(), DynamicLossScale())):
+        with raises_naming(ValueError, "state['policy']", repr(other.kind), repr(policy.kind)):
+            policy.load_state_dict(other.state_dict(), name="state['policy']")
+
