@@ -340,6 +340,19 @@ def test_a_state_with_the_calibration_due_makes_a_numeric_scale_measure_with_a_w
     assert number.state_dict()["calibration_pending"] is False
 
 
+def test_a_state_with_the_calibration_due_loads_silently_into_an_auto_updater(caplog):
+    net = Net("half", scope="auto_from")
+    state = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,
+                                      scale="auto").state_dict()
+    other = Net("half", scope="auto_to")
+    auto = DynamicLossScalingUpdater(other.solver("Sgd", lr=0.1), other.loss, other.feeder,
+                                     scale="auto")
+    caplog.set_level(logging.WARNING, logger="nnabla")
+    auto.load_state_dict(state)
+    assert not [r for r in caplog.records if "the loaded state" in r.getMessage()]
+    assert auto.state_dict() == state
+
+
 def test_a_fixed_updater_refuses_a_state_with_the_calibration_due():
     net = Net()
     updater = FixedLossScalingUpdater(net.solver("Sgd", lr=0.1), net.loss, net.feeder,

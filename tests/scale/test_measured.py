@@ -842,3 +842,52 @@ def test_once_the_history_is_long_enough_every_25th_step_is_watched():
         meter.history.record(4096.0)
     watched = [i for i in range(3 * WATCH_EVERY) if meter.growth_watch(i) is not None]
     assert watched == [WATCH_EVERY - 1, 2 * WATCH_EVERY - 1, 3 * WATCH_EVERY - 1]
+
+
+def test_measured_growth_keeps_the_reduced_gradients_within_the_reduction_s_dtype():
+    # A stand-in for nnabla's NCCL communicator made from a half context, which sums even
+    # float32 gradients in float16 (mpi_workers/standins.py: NcclLikeCommunicator, one
+    # process): measured growth is held by what a float16 sum holds, and no step
+    # overflows; the same communicator summing in float32 lets the scale grow to its bound.
+    from mpi_workers.standins import NcclLikeCommunicator
+    runs = {}
+    for dtype in ("float16", "float32"):
+        net = Net("float", scope=f"reduced_in_{dtype}")
+        updater = DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder, scale=8.0,
+                                            N=1, growth_mode="measured",
+                                            comm=NcclLikeCommunicator(dtype))
+        runs[dtype] = [updater.update() for _ in range(6)]
+    assert not any(r.skipped for results in runs.values() for r in results)
+    assert max(r.scale for r in runs["float16"]) <= 2.0 ** 15
+    assert "gradients" in {r.held_by for r in runs["float16"]}
+    assert runs["float32"][-1].scale == 2.0 ** 24
+
+
+def test_the_seed_itself_is_not_watched_so_small_gradients_reach_the_ceiling():
+    # The loss's own gradient is the scale: were it watched, it would hold every float16
+    # scale below 65504 / 8. Gradients 10**4 times smaller than usual leave room for the
+    # ceiling itself, at the start of scale="auto" and in measured growth.
+    net = Net("half", scope="tiny_grads")
+    with nn.context_scope(net.ctx):
+        tiny = F.mul_scalar(net.loss, 1e-4)
+    auto = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), tiny, net.feeder,
+                                     scale="auto")
+    assert auto.update().scale == 2.0 ** 15
+    grown = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), tiny, net.feeder,
+                                      scale=8.0, N=1, growth_mode="measured")
+    assert [grown.update().scale for _ in range(3)][-1] == 2.0 ** 15
+
+
+def test_a_max_scale_asked_for_at_the_ceiling_is_what_holds_the_growth():
+    # with max_scale=2**15 asked for, the bound holds the scale, not the float16 ceiling
+    held = {}
+    for max_scale in (2.0 ** 15, 2.0 ** 24):
+        net = Net("half", scope=f"held_{int(max_scale)}")
+        with nn.context_scope(net.ctx):
+            tiny = F.mul_scalar(net.loss, 1e-4)
+        policy = DynamicLossScale(init_scale=2.0 ** 14, growth_interval=1,
+                                  max_scale=max_scale, growth_mode="measured")
+        updater = DynamicLossScalingUpdater(net.solver("Sgd", lr=0.0), tiny, net.feeder,
+                                            policy=policy)
+        held[max_scale] = {updater.update().held_by for _ in range(4)} - {None}
+    assert held == {2.0 ** 15: {"max_scale"}, 2.0 ** 24: {"ceiling"}}

@@ -306,7 +306,10 @@ def test_a_norm_just_above_the_bound_is_clipped_and_one_below_it_is_not(ratio):
 def test_a_bound_so_small_that_the_clip_factor_is_zero_zeroes_the_step():
     # clip / norm underflows to 0 in float64: the gradients are scaled by 0 at once
     net = Net("float", batch=4, d_in=3, d_out=2)
-    net.feed(0)
+    x, t = net.batch(0)
+    net.x.d, net.t.d = x * np.float32(100.0), t      # a norm far above 2: 5e-324 / norm is 0
+    grads = scaled_grads(net, net.solver("Sgd", lr=LR), 1.0)
+    assert np.sqrt(sum(np.sum(g * g) for g in grads.values())) > 2.0
     before = net.snapshot()
     updater = FixedLossScalingUpdater(net.solver("Sgd", lr=LR), net.loss, scale=8.0,
                                       clip_grad_norm=5e-324)
