@@ -19,7 +19,8 @@ source tools/env.sh
 export OMP_NUM_THREADS=1
 "$VENV_PY" -c 'import mutmut' 2>/dev/null || "$VENV_PY" -m pip install --quiet "mutmut==3.8.1"
 
-if [ "${1:-}" = "--fresh" ]; then rm -rf mutants; shift; fi
+fresh=false
+if [ "${1:-}" = "--fresh" ]; then rm -rf mutants; fresh=true; shift; fi
 patterns=()
 for module in "$@"; do
     module="${module%.py}"; patterns+=("nnabla_mpt.${module//\//.}.*")
@@ -30,7 +31,8 @@ start=$(date +%s)
 "$VENV_PY" -m mutmut run --max-children 1 "${patterns[@]}" 2>&1 | tr '\r' '\n' \
     | grep -vE '^(⠋|⠙|⠹|⠸|⠼|⠴|⠦|⠧|⠇|⠏)' | grep -vE '^\s*$' | tail -n 3 || true
 # the survivors of earlier runs are tried again: a test added since may kill them
-mapfile -t survivors < <("$VENV_PY" tools/mutation_summary.py --survivors "$@")
+survivors=()
+$fresh || mapfile -t survivors < <("$VENV_PY" tools/mutation_summary.py --survivors "$@")
 if [ "${#survivors[@]}" -gt 0 ]; then
     echo "trying the ${#survivors[@]} survivors again"
     "$VENV_PY" -m mutmut run --max-children 1 "${survivors[@]}" 2>&1 | tr '\r' '\n' \
