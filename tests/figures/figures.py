@@ -320,6 +320,19 @@ def in_code(path: str, name: str, function=lambda value: value, fmt: str = "{}")
     return Figure(lambda: function(code_value(path, name)), fmt)
 
 
+#: The module that sets when measured growth watches a step.
+HISTORY = "nnabla_mpt/scale/scale_history.py"
+
+
+def watch_schedule() -> "dict[str, Figure]":
+    """The fields of a sentence saying when measured growth watches a step: every step
+    until the history holds ``{samples}`` (in words) passes, ``{steps}`` (``0 to k``), then
+    every ``{every}``-th: read from :data:`HISTORY`."""
+    return {"samples": in_code(HISTORY, "MIN_SAMPLES", spelled),
+            "steps": in_code(HISTORY, "MIN_SAMPLES", lambda n: f"0 to {n - 1}"),
+            "every": in_code(HISTORY, "WATCH_EVERY")}
+
+
 def in_repo(function, fmt: str = "{}") -> Figure:
     """A count that is a fact of the repository: what ``function`` makes of its root (a
     :class:`pathlib.Path`), e.g. the number of entries of a folder."""

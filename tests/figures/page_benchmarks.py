@@ -1,12 +1,11 @@
 """The figures of docs/benchmarks.rst: the updater's overhead, the convergence run and the
 measured_edge runs' times (the all-reduce's are on docs/distributed.rst)."""
-from figures import (ANOTHER, DESIGN, PRONOUN, Quote, cell, date_of, date_of_all, derived,
+from figures import (ANOTHER, DESIGN, HISTORY, PRONOUN, Quote, cell, date_of, date_of_all, derived,
                      grep, header, in_code, spelled, wall_time_of)
 
 PAGE = "docs/benchmarks.rst"
 OVERHEAD, CONVERGENCE = "updater_overhead_current.txt", "convergence_spike.txt"
 FUSED = "allreduce_fused_run1.txt"
-HISTORY = "nnabla_mpt/scale/scale_history.py"
 #: The convergence run's first line: the data set, the model and the training.
 SETUP = r"^# digits \((\d+) train / (\d+) test\), MLP (\S+), batch (\d+),"
 

@@ -3,14 +3,13 @@ cost, and measured_edge.py's runs. The section on the float32 loss is checked ag
 its results by tests/test_float32_loss_page.py."""
 import re
 
-from figures import (ANOTHER, DESIGN, MARGIN, PRONOUN, Quote, date_of, grep, in_code, load_of,
-                     read, shown, spelled)
+from figures import (ANOTHER, DESIGN, HISTORY, MARGIN, PRONOUN, Quote, date_of, grep, in_code,
+                     load_of, read, shown, spelled)
 
 PAGE = "docs/measured.rst"
 CHECKED_ELSEWHERE = {"Lifting the float16 seed ceiling": "tests/test_float32_loss_page.py"}
 DEMO, REPORT, PROBE = "demo.txt", "demo_report.txt", "demo_probe.txt"
 FLOAT16_LOSS = "demo_float16_loss.txt"
-HISTORY = "nnabla_mpt/scale/scale_history.py"
 
 
 def history(name, function=lambda value: value, fmt="{}"):

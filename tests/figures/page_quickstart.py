@@ -1,10 +1,9 @@
 """The figures of docs/quickstart.rst: the demo's time, and the training loop's output."""
 from figures import (DESIGN, HALF, INDEX, MARGIN, NO_SCALE, PRONOUN, VERSION, Quote, date_of,
-                     grep, header, in_code, load_of, shown, spelled)
+                     grep, header, in_code, load_of, shown, watch_schedule)
 
 PAGE = "docs/quickstart.rst"
 DEMO = "demo.txt"
-HISTORY = "nnabla_mpt/scale/scale_history.py"
 
 
 def minutes(seconds: str) -> str:
@@ -32,9 +31,7 @@ QUOTES = [
           start=shown(PAGE, r"^step 0: scale (\d+);")),
     Quote("every step until it holds {samples} ({steps}), then each step where growth is due "
           "(every ``N=10`` good steps) and every {every}th.",
-          samples=in_code(HISTORY, "MIN_SAMPLES", spelled),
-          steps=in_code(HISTORY, "MIN_SAMPLES", lambda n: f"0 to {n - 1}"),
-          every=in_code(HISTORY, "WATCH_EVERY")),
+          **watch_schedule()),
     Quote("(defaults {min_scale} and ``2**24``;",
           min_scale=in_code("nnabla_mpt/scale/policy.py", "DEFAULT_MIN_SCALE", fmt="{:g}")),
 ]

@@ -2,12 +2,11 @@
 import math
 
 from figures import (DESIGN, MARGIN, NO_SCALE, PRONOUN, VERSION, Quote, date_of, grep,
-                     in_code, load_of, machine_of, shown, spelled)
+                     load_of, machine_of, shown, spelled, watch_schedule)
 
 PAGE = "README.md"
 DEMO = "demo.txt"
 COLLAPSE = "nnabla_updater_collapse.txt"
-HISTORY = "nnabla_mpt/scale/scale_history.py"
 
 
 def doublings(line: str) -> str:
@@ -52,9 +51,7 @@ QUOTES = [
           start=shown(PAGE, r"^start scale (\d+)$")),
     Quote("every step until it holds {samples} ({steps}), then every step where growth is due "
           "and every {every}th.",
-          samples=in_code(HISTORY, "MIN_SAMPLES", spelled),
-          steps=in_code(HISTORY, "MIN_SAMPLES", lambda n: f"0 to {n - 1}"),
-          every=in_code(HISTORY, "WATCH_EVERY")),
+          **watch_schedule()),
 ]
 
 NOT_MEASURED = {
