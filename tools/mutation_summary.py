@@ -7,9 +7,11 @@ lists with why they cannot change what the code does; the share killed counts th
 listed ones as killed. The survivors no line explains are printed by name, and a listed
 name that no longer survives is said to be stale.
 
-Usage: .venv/bin/python tools/mutation_summary.py [--survivors] [MODULE ...]
+Usage: .venv/bin/python tools/mutation_summary.py [--survivors | --mpi] [MODULE ...]
 (e.g. scale/policy); ``--survivors`` prints only the names of the surviving mutants, one
-a line, for ``mutmut run`` to try again.
+a line, for ``mutmut run`` to try again; ``--mpi``, those listed as killed by a test run
+under ``mpiexec`` (which mutmut's runner cannot reach), each with that test's file, for
+``tools/mutation.sh`` to run them.
 """
 import json
 import pathlib
@@ -33,6 +35,15 @@ def explained():
             name, _, why = line.partition(" ")
             listed[name] = why.strip()
     return listed
+
+
+def under_mpi(listed, survivors):
+    """``(name, test file)`` of the ``survivors`` that ``listed`` says a test run under
+    ``mpiexec`` kills (a reason ``mpi: killed by FILE, ...``)."""
+    for name in survivors:
+        why = listed.get(name, "")
+        if why.startswith("mpi: killed by "):
+            yield name, why[len("mpi: killed by "):].split(",", 1)[0]
 
 
 def records(wanted):
@@ -70,10 +81,14 @@ def main(wanted):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    modules = {m[:-3] if m.endswith(".py") else m for m in args if m != "--survivors"}
+    modules = {m[:-3] if m.endswith(".py") else m for m in args
+               if m not in ("--survivors", "--mpi")}
+    alive = sorted(name for _, status in records(modules)
+                   for name, s in status.items() if s == "survived")
     if "--survivors" in args:
-        for _, status in records(modules):
-            for name in sorted(name for name, s in status.items() if s == "survived"):
-                print(name)
+        print("\n".join(alive))
+    elif "--mpi" in args:
+        for name, test in under_mpi(explained(), alive):
+            print(name, test)
     else:
         main(modules)

@@ -108,11 +108,10 @@ def room(watch: RangeWatch, scale: float) -> Tuple[float, float]:
     return min(cap, reach / MARGIN) / scale, largest
 
 
-def calibrated_scale(probe: float, room: float, lower: float, upper: float) -> float:
-    """The start of ``scale="auto"``: the largest power of two ``<= probe * room``, within
-    ``[lower, upper]`` (``room`` as :func:`room` measures it at ``probe``, the value the
-    probe's seed held)."""
-    target = probe * room
+def calibrated_scale(target: float, lower: float, upper: float) -> float:
+    """The start of ``scale="auto"``: the largest power of two ``<= target``, within
+    ``[lower, upper]`` (``target``, the largest scale the measured room allows: the value
+    the probe's seed held times the room :func:`room` measured there)."""
     if not target > 0.0:
         return lower
     if math.isinf(target):
@@ -291,9 +290,8 @@ class ScaleMeter:
                 why = (f"its gradients are not finite at scale {probe:g} nor at {lowest:g}, "
                        f"so at no scale (an input beyond the dtype's range or holding "
                        f"inf/NaN, or a parameter that does)")
-        starts, = self._gather(math.nan if why else
-                               calibrated_scale(held_scale(probe, self._dtype), measured,
-                                                  lower, upper))
+        target = held_scale(probe, self._dtype) * measured
+        starts, = self._gather(math.nan if why else calibrated_scale(target, lower, upper))
         if any(math.isnan(start) for start in starts):
             scale = self._policy.loss_scale
             logger.info(f"nnabla_mpt: scale='auto' measures nothing on this step's batch: "
@@ -302,18 +300,19 @@ class ScaleMeter:
             return None
         scale = min(starts)
         self.calibration_pending = False
-        self._log_start(scale, len(starts), probe, measured, largest)
+        self._log_start(scale, len(starts), probe, target, largest)
         return scale
 
-    def _log_start(self, scale: float, ranks: int, probe: float, measured: float,
+    def _log_start(self, scale: float, ranks: int, probe: float, target: float,
                    largest: float) -> None:
         """The info line of a calibrated start ``scale`` (the smallest over ``ranks``): the
-        largest gradient at ``probe`` and why that start (``measured``: the room there)."""
+        largest gradient at ``probe`` and why that start (``target``: the largest scale the
+        room there allows, :func:`calibrated_scale`)."""
         lower, upper = self._policy.min_scale, self._policy.max_scale
         over = f", the smallest start over {ranks} ranks" if ranks > 1 else ""
         keeps = (f"every gradient {MARGIN:g} times below its dtype's largest value")
         why = (f"{scale:g} is the largest power of two within [{lower:g}, {upper:g}] that "
-               f"keeps {keeps}" if measured * held_scale(probe, self._dtype) >= lower else
+               f"keeps {keeps}" if target >= lower else
                f"no scale within [{lower:g}, {upper:g}] keeps {keeps}, so it starts at the "
                f"lower bound")
         logger.info(f"nnabla_mpt: scale='auto' starts at {scale:g}{over}. Measured on this "

@@ -3,6 +3,7 @@ same scale, decided by the largest gradient over the ranks."""
 import numpy as np
 
 from mpi_helpers import bits, ranks_fixture
+from support import assert_names
 
 run = ranks_fixture("measured.py")
 
@@ -15,6 +16,8 @@ def test_every_rank_starts_at_the_smallest_start_over_the_ranks(run):
     for _, meta in res:
         assert meta["scale"][0] == min(starts)
         assert not meta["skipped"][0]
+        [line] = meta["lines"]
+        assert_names(line, f"starts at {min(starts):g}", f"the smallest start over {n} ranks")
 
 
 def test_ranks_keep_identical_scales_and_parameters(run):
@@ -89,3 +92,7 @@ def test_a_first_batch_no_scale_can_measure_on_one_rank_makes_every_rank_measure
     for r, (_, meta) in enumerate(res):
         assert [tuple(s) for s in meta["huge"]] == [tuple(s) for s in ref], f"rank {r}"
         assert meta["huge_pending"] is False
+        nothing, start = meta["huge_lines"]
+        why = "its loss is not finite" if r == 0 else "the batch of another rank"
+        assert_names(nothing, "measures nothing", why)
+        assert_names(start, f"starts at {scale1:g}", f"the smallest start over {n} ranks")

@@ -13,9 +13,11 @@ batch (``local_start``). A third run, in its own scope, feeds rank 0 a first bat
 holding ``1e5`` (beyond float16: its loss is inf) and every other rank an ordinary one:
 no rank sets a scale from step 0, and step 1 measures on every rank (``huge``). The
 communicator's ``all_reduce`` calls of each step of the measured run are counted
-(``all_reduces``).
+(``all_reduces``), and the info lines of ``scale="auto"`` each run logs are kept
+(``huge_lines``, ``lines``).
 Results go to OUTDIR/rank{r}.npz and OUTDIR/rank{r}.json.
 """
+import logging
 import sys
 from pathlib import Path
 
@@ -27,6 +29,8 @@ import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
+from nnabla.logger import logger
+
 from nnabla_mpt import DynamicLossScalingUpdater, GradientReduction, MPICommunicator
 from worker_common import save
 
@@ -35,6 +39,23 @@ outdir = Path(sys.argv[1])
 comm = MPICommunicator()
 rank, size = comm.rank, comm.size
 nn.set_default_context(get_extension_context("cpu", type_config="half"))
+
+
+class AutoLines(logging.Handler):
+    """Keeps the messages of ``scale="auto"``."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        if "scale='auto'" in record.getMessage():
+            self.lines.append(record.getMessage())
+
+
+auto_lines = AutoLines()
+logger.addHandler(auto_lines)
+logger.setLevel(logging.INFO)
 
 
 def batch(step):
@@ -64,6 +85,7 @@ lx, lt, lloss, _, lsolver = build("alone")
 lx.d, lt.d = batch(0)
 local = DynamicLossScalingUpdater(lsolver, lloss, None, scale="auto")
 local_start = local.update().scale
+auto_lines.lines = []
 
 # A first batch that cannot be measured on rank 0 only.
 hx, ht, hloss, hparams, hsolver = build("huge")
@@ -82,6 +104,7 @@ huge = DynamicLossScalingUpdater(hsolver, hloss, huge_feed, scale="auto", N=1000
 huge_steps = [huge.update() for _ in range(2)]
 huge_meta = [(bool(r.skipped), r.scale, r.next_scale) for r in huge_steps]
 huge_pending = huge.state_dict()["calibration_pending"]
+huge_lines, auto_lines.lines = auto_lines.lines, []
 
 x, t, loss, params, solver = build("net")
 comm.broadcast_parameters(params)
@@ -106,7 +129,7 @@ updater = DynamicLossScalingUpdater(solver, loss, feed, scale="auto", N=3,
                                     comm=comm, reduction=GradientReduction(average_ranks=True))
 meta = {"rank": rank, "size": size, "local_start": local_start, "skipped": [], "scale": [],
         "next_scale": [], "stats_steps": [], "stats_max_abs": [], "loss": [],
-        "local_loss": [], "huge": huge_meta, "huge_pending": huge_pending,
+        "local_loss": [], "huge": huge_meta, "huge_pending": huge_pending, "huge_lines": huge_lines,
         "all_reduces": []}
 for _ in range(STEPS):
     before = len(calls)
@@ -121,4 +144,5 @@ for _ in range(STEPS):
         meta["stats_steps"].append(r.step)
         meta["stats_max_abs"].append(max(s.max_abs for s in r.gradient_stats.values()))
 meta["scale_history"] = updater.state_dict()["scale_history"]
+meta["lines"] = auto_lines.lines
 save(outdir, rank, {f"param/{k}": v.d.copy() for k, v in params.items()}, meta)

@@ -763,12 +763,12 @@ def test_a_resumed_run_keeps_the_history_and_its_trajectory(tmp_path):
 
 def test_the_calibrated_start_is_the_power_of_two_below_the_room_within_the_bounds():
     from nnabla_mpt.scale.measured import calibrated_scale
-    assert calibrated_scale(1.0, 0.75, 2.0 ** -10, 1024.0) == 0.5     # below 1 too
-    assert calibrated_scale(4.0, 3.0, 1.0, 1024.0) == 8.0
-    assert calibrated_scale(1.0, 0.0, 2.0 ** -10, 1024.0) == 2.0 ** -10
-    assert calibrated_scale(1.0, math.inf, 1.0, 1024.0) == 1024.0
-    assert calibrated_scale(1.0, 1e9, 1.0, 1024.0) == 1024.0
-    assert calibrated_scale(1.0, 0.1, 1.0, 1024.0) == 1.0
+    assert calibrated_scale(0.75, 2.0 ** -10, 1024.0) == 0.5     # below 1 too
+    assert calibrated_scale(12.0, 1.0, 1024.0) == 8.0
+    assert calibrated_scale(0.0, 2.0 ** -10, 1024.0) == 2.0 ** -10
+    assert calibrated_scale(math.inf, 1.0, 1024.0) == 1024.0
+    assert calibrated_scale(1e9, 1.0, 1024.0) == 1024.0
+    assert calibrated_scale(0.1, 1.0, 1024.0) == 1.0
 
 
 def test_auto_measures_at_the_first_probe_where_a_gradient_is_small_but_not_zero(info_log):
