@@ -124,7 +124,7 @@ class LossScaleCallback:
         self._steps = 0
         self._skipped = 0
         self._first: Optional[float] = None
-        self._range = [float("inf"), float("-inf")]           # of every step
+        self._float_range = [float("inf"), float("-inf")]     # of the full-precision steps
         self._reduced_range = [float("inf"), float("-inf")]   # of the reduced-precision ones
         self._float32 = 0
         self._reduced_last = float("nan")                     # the last reduced one's
@@ -149,15 +149,14 @@ class LossScaleCallback:
             self._first = scale
         if result.precision == "float":
             self._float32 += 1
-            ranges = (self._range,)
+            r = self._float_range
         else:
-            ranges = (self._range, self._reduced_range)
+            r = self._reduced_range
             self._reduced_last = scale
-        for r in ranges:
-            if scale < r[0]:
-                r[0] = scale
-            if scale > r[1]:
-                r[1] = scale
+        if scale < r[0]:
+            r[0] = scale
+        if scale > r[1]:
+            r[1] = scale
         if result.gradient_stats is not None:
             self._gradient_stats = result.gradient_stats
         if result.held_by == "ceiling":
@@ -179,7 +178,7 @@ class LossScaleCallback:
     def _emit(self) -> LossScaleStats:
         last = self._last
         reduced = self._float32 < self._steps
-        low, high = self._reduced_range if reduced else self._range
+        low, high = self._reduced_range if reduced else self._float_range   # all, if none
         stats = LossScaleStats(step=last.step, steps=self._steps, skipped=self._skipped,
                                total_steps=self.total_steps, total_skipped=self.total_skipped,
                                scale=self._reduced_last if reduced else last.scale,
@@ -265,10 +264,10 @@ class LossScaleMonitor(LossScaleCallback):
     def _add_series(self, key: str) -> Any:
         from nnabla.monitor import MonitorSeries
         name = f"{self.prefix}-{key}"
-        if not self.append:
-            series = MonitorSeries(name, self.monitor, interval=1, verbose=self._verbose)
-        else:       # given the monitor, MonitorSeries empties the file: given the path only
-            series = MonitorSeries(name, None, interval=1, verbose=self._verbose)
+        # given the monitor, MonitorSeries empties the file: appending, given the path only
+        series = MonitorSeries(name, None if self.append else self.monitor, interval=1,
+                               verbose=self._verbose)
+        if self.append:
             series.sp = os.path.join(self.monitor.save_path,
                                      name.replace(" ", "-") + ".series.txt")
             drop_partial_line(series.sp)

@@ -46,177 +46,176 @@ _REBUILD = ("build a new updater with it (save_checkpoint, then load_checkpoint 
             "one)")
 
 
-def fixed(name: str, doc: str, read: Callable[[Any], Any], why: str) -> property:
+def fixed(name: str, doc: str, read: Callable[[Any], Any], why: str,
+          joint: str = "; ") -> property:
     """A setting the step was built around: ``read(updater)`` gives it; an assignment is
-    refused, saying ``why`` and how to change it all the same."""
+    refused, saying ``why`` and (after ``joint``) to rebuild the updater with it."""
     def refuse(updater: Any, value: Any) -> None:
         raise AttributeError(f"{type(updater).__name__}.{name} cannot be changed after "
-                             f"construction ({name} = {value!r} refused): {why}")
+                             f"construction ({name} = {value!r} refused): "
+                             f"{why}{joint}{_REBUILD}")
     return property(read, refuse, doc=doc)
 
 
 def given(name: str, read: Callable[[Any], Any]) -> property:
     """An option read as given to the constructor: refused, saying where to pass it."""
     return fixed(name, f"``{name}`` as given to the constructor (read-only).", read,
-                 f"pass {name}= to the constructor; {_REBUILD}")
+                 f"pass {name}= to the constructor")
+
+
+def live(name: str, read: Callable[[Any], Any], apply: Callable[[Any, Any], None],
+         doc: str) -> property:
+    """A live setting: ``read(updater)`` gives it; an assignment runs ``apply(updater,
+    value)`` (which checks the value) between steps, under the step's lock
+    (:func:`between_steps`)."""
+    def assign(updater: Any, value: Any) -> None:
+        with between_steps(updater, name, value):
+            apply(updater, value)
+    return property(read, assign, doc=doc)
 
 
 # -- the live settings -------------------------------------------------------------------
 
 def _set_scale(updater: Any, value: Any) -> None:
-    with between_steps(updater, "scale", value):
-        if updater._switched():
-            schedule = updater._schedule
-            raise RuntimeError(f"updater.scale = {value!r} is refused: the precision schedule "
-                               f"{schedule.mode.text!r} switched to full precision at step "
-                               f"{schedule.switch_step}; those steps run unscaled (scale 1), "
-                               f"so there is no loss scale to set")
-        if updater._policy.kind == "fixed":      # bounded as the constructor bounds it
-            fixed_policy(value, value, updater._dtype)
-        updater._policy.set_loss_scale(value)
-        # it replaces a measurement of scale="auto" still due, which would override it
-        updater._meter.calibration_pending = False
+    if updater._switched():
+        schedule = updater._schedule
+        raise RuntimeError(f"updater.scale = {value!r} is refused: the precision schedule "
+                           f"{schedule.mode.text!r} switched to full precision at step "
+                           f"{schedule.switch_step}; those steps run unscaled (scale 1), "
+                           f"so there is no loss scale to set")
+    if updater._policy.kind == "fixed":      # bounded as the constructor bounds it
+        fixed_policy(value, value, updater._dtype)
+    updater._policy.set_loss_scale(value)
+    # it replaces a measurement of scale="auto" still due, which would override it
+    updater._meter.calibration_pending = False
 
 
-scale = property(lambda updater: updater._next_scale, _set_scale, doc=(
+scale = live("scale", lambda updater: updater._next_scale, _set_scale, doc=(
     "The loss scale of the next step (1 once a precision schedule switched to full "
     "precision; assignable until then, checked by the policy)."))
 
 
 def _set_data_feeder(updater: Any, value: Any) -> None:
-    with between_steps(updater, "data_feeder", value):
-        install_feeder(updater, checked_feeder("data_feeder", value))
+    install_feeder(updater, checked_feeder("data_feeder", value))
 
 
-data_feeder = property(lambda updater: updater._data_feeder, _set_data_feeder, doc=(
-    "The feeder given as ``data_feeder=`` (assignable, checked again)."))
+data_feeder = live("data_feeder", lambda updater: updater._data_feeder, _set_data_feeder,
+                   doc="The feeder given as ``data_feeder=`` (assignable, checked again).")
 
 
 def _set_accum_grad(updater: Any, value: Any) -> None:
-    with between_steps(updater, "accum_grad", value):
-        value = checked_accum_grad(value)
-        updater._accum_grad = value
-        for recorder, _ in updater._passes.values():
-            recorder.set_accum_grad(value)
-        updater._unscaler.set_accumulation(value, updater._average_accum)
+    value = checked_accum_grad(value)
+    updater._accum_grad = value
+    for recorder, _ in updater._passes.values():
+        recorder.set_accum_grad(value)
+    updater._unscaler.set_accumulation(value, updater._average_accum)
 
 
-accum_grad = property(lambda updater: updater._accum_grad, _set_accum_grad, doc=(
+accum_grad = live("accum_grad", lambda updater: updater._accum_grad, _set_accum_grad, doc=(
     "Forward/backward passes whose gradients are summed per update (assignable: from the "
     "next update())."))
 
 
 def _set_average_accum(updater: Any, value: Any) -> None:
-    with between_steps(updater, "average_accum", value):
-        updater._average_accum = check.boolean("average_accum", value)
-        updater._unscaler.set_accumulation(updater._accum_grad, updater._average_accum)
+    updater._average_accum = check.boolean("average_accum", value)
+    updater._unscaler.set_accumulation(updater._accum_grad, updater._average_accum)
 
 
-average_accum = property(lambda updater: updater._average_accum, _set_average_accum, doc=(
-    "Whether the accumulated gradients are divided by ``accum_grad`` (assignable)."))
+average_accum = live("average_accum", lambda updater: updater._average_accum,
+                     _set_average_accum, doc="Whether the accumulated gradients are divided "
+                                             "by ``accum_grad`` (assignable).")
 
 
 def _set_weight_decay(updater: Any, value: Any) -> None:
-    with between_steps(updater, "weight_decay", value):
-        updater._unscaler.weight_decay = checked_weight_decay(value)
+    updater._unscaler.weight_decay = checked_weight_decay(value)
 
 
-weight_decay = property(lambda updater: updater._unscaler.weight_decay, _set_weight_decay,
-                        doc="Weight decay of the unscaled gradients, or None (assignable: a "
-                            "weight-decay schedule takes effect from the next update()).")
+weight_decay = live("weight_decay", lambda updater: updater._unscaler.weight_decay,
+                    _set_weight_decay, doc="Weight decay of the unscaled gradients, or None "
+                    "(assignable: a weight-decay schedule takes effect from the next update()).")
 
 
 def _set_clip_grad_norm(updater: Any, value: Any) -> None:
-    with between_steps(updater, "clip_grad_norm", value):
-        updater._unscaler.clip = checked_clip_grad_norm(value)
+    updater._unscaler.clip = checked_clip_grad_norm(value)
 
 
-clip_grad_norm = property(lambda updater: updater._unscaler.clip, _set_clip_grad_norm, doc=(
-    "The bound of the unscaled gradients' global L2 norm, or None (assignable)."))
+clip_grad_norm = live("clip_grad_norm", lambda updater: updater._unscaler.clip,
+                      _set_clip_grad_norm, doc="The bound of the unscaled gradients' global "
+                                               "L2 norm, or None (assignable).")
 
 
 def _set_clear_buffer(updater: Any, value: Any) -> None:
-    with between_steps(updater, "clear_buffer", value):
-        updater._clear_buffer = check.boolean("clear_buffer", value)
+    updater._clear_buffer = check.boolean("clear_buffer", value)
 
 
-clear_buffer = property(lambda updater: updater._clear_buffer, _set_clear_buffer, doc=(
-    "Whether forward and backward free intermediate buffers (assignable)."))
+clear_buffer = live("clear_buffer", lambda updater: updater._clear_buffer, _set_clear_buffer,
+                    doc="Whether forward and backward free intermediate buffers (assignable).")
 
 
 def _set_max_retries(updater: Any, value: Any) -> None:
-    with between_steps(updater, "max_retries", value):
-        value = check.integer("max_retries", value, ge=0)
-        check_retries(value, updater.enable_overflow_check)
-        updater._max_retries = value
+    value = check.integer("max_retries", value, ge=0)
+    check_retries(value, updater.enable_overflow_check)
+    updater._max_retries = value
 
 
-max_retries = property(lambda updater: updater._max_retries, _set_max_retries, doc=(
-    "Retries of a skipped step within one update() (assignable)."))
+max_retries = live("max_retries", lambda updater: updater._max_retries, _set_max_retries,
+                   doc="Retries of a skipped step within one update() (assignable).")
 
 
 def _set_floor_policy(updater: Any, value: Any) -> None:
-    with between_steps(updater, "floor_policy", value):
-        updater._collapse.floor_policy = check.choice("floor_policy", value, FLOOR_POLICIES)
+    updater._collapse.floor_policy = check.choice("floor_policy", value, FLOOR_POLICIES)
 
 
-floor_policy = property(lambda updater: updater._collapse.floor_policy, _set_floor_policy,
-                        doc="``\"raise\"``, ``\"warn\"`` or ``\"ignore\"``: what a collapse "
-                            "does (assignable).")
+floor_policy = live("floor_policy", lambda updater: updater._collapse.floor_policy,
+                    _set_floor_policy, doc="``\"raise\"``, ``\"warn\"`` or ``\"ignore\"``: what "
+                                           "a collapse does (assignable).")
 
 
 def _set_diagnose_after(updater: Any, value: Any) -> None:
-    with between_steps(updater, "diagnose_after", value):
-        updater._collapse.diagnose_after = check.integer("diagnose_after", value, ge=1)
+    updater._collapse.diagnose_after = check.integer("diagnose_after", value, ge=1)
 
 
-diagnose_after = property(lambda updater: updater._collapse.diagnose_after,
-                          _set_diagnose_after, doc="Consecutive overflowing steps that "
-                                                   "trigger the diagnosis (assignable).")
+diagnose_after = live("diagnose_after", lambda updater: updater._collapse.diagnose_after,
+                      _set_diagnose_after, doc="Consecutive overflowing steps that trigger "
+                                               "the diagnosis (assignable).")
 
 
 # -- what the step was built around --------------------------------------------------------
 
-def built_around(name: str, doc: str, read: Callable[[Any], Any], why: str,
-                 joint: str = "; ") -> property:
-    """A setting the step was built around: refused, saying why and to rebuild."""
-    return fixed(name, doc, read, f"{why}{joint}{_REBUILD}")
-
-
-comm = built_around("comm", "The communicator, or None.", lambda updater: updater._options.comm,
+comm = fixed("comm", "The communicator, or None.", lambda updater: updater._options.comm,
                     "the all-reduce, its buffers and the ranks' agreement are set up for it "
                     "at construction")
-grads = built_around("grads", "The gradients reduced across the ranks.",
+grads = fixed("grads", "The gradients reduced across the ranks.",
                      lambda updater: updater._grads,
                      "the step's all-reduce was set up for them at construction")
-solver = built_around("solver", "The solver.", lambda updater: updater._solver,
+solver = fixed("solver", "The solver.", lambda updater: updater._solver,
                       "the step checks, unscales and updates through the solver it was "
                       "given and its parameters")
-loss = built_around("loss", "The loss Variable.", lambda updater: updater._loss,
+loss = fixed("loss", "The loss Variable.", lambda updater: updater._loss,
                     "the step's passes, seeds and checks were built on its graph")
-shared_gradients = built_around(
+shared_gradients = fixed(
     "shared_gradients", "The :class:`~nnabla_mpt.SharedGradients` in use (the gradients "
     "``GradientReduction(shared_grads=...)`` placed in shared memory), or None.",
     lambda updater: updater._shared_gradients, "the gradients were placed (or not) in the "
     "communicator's shared memory at construction")
-monitor = built_around(
+monitor = fixed(
     "monitor", "The step hook given as ``monitor=``, called with every step's result, or "
     "None.", lambda updater: updater._monitor, "a hook whose work changes over the run can "
     "decide inside itself what to do with each result; or", " ")
-enable_overflow_check = built_around(
+enable_overflow_check = fixed(
     "enable_overflow_check", "Whether steps are checked for overflow.",
     lambda updater: updater._options.enable_overflow_check,
     "the step's check, its retries and its all-reduce flags were set up with it")
-policy = built_around(
+policy = fixed(
     "policy", "The loss-scale policy the step runs (its scale, counters and settings): "
     "the ``policy=`` given, or the one made of nnabla's arguments.",
     lambda updater: updater._policy, "the step's scale and the measured growth read it; "
     "change its scale with updater.scale = ..., or", " ")
-schedule = built_around(
+schedule = fixed(
     "schedule", "The precision schedule in use (:class:`~nnabla_mpt.PrecisionSchedule`, "
     "the ``schedule=`` given), or None.", lambda updater: updater._schedule,
     "the step's graphs were chosen with it")
-overflow = built_around(
+overflow = fixed(
     "overflow", "The :class:`~nnabla_mpt.OverflowHandling` in use, its fields as they are "
     "now.", lambda updater: OverflowHandling(
         updater._detector.mode, updater._max_retries, updater._collapse.floor_policy,

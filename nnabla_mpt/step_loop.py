@@ -189,8 +189,8 @@ class _LossScalingUpdater:
         self._precision = graph.gradient_precision(self._loss, self._params)
         self._schedule = updater_schedule(opts.schedule, self._loss, self._params,
                                           opts.outputs)
-        self._high_precision_loss = getattr(self._schedule, "high_precision_loss", None)
-        graphs = [v for v in (self._loss, self._high_precision_loss) if v is not None]
+        high_precision_loss = getattr(self._schedule, "high_precision_loss", None)
+        graphs = [v for v in (self._loss, high_precision_loss) if v is not None]
         self._passes = {id(v): (LossRecorder(v, opts.accum_grad, opts.outputs),
                                 BackwardSeed(v)) for v in graphs}
         self._dtype = graph.float_type_of(self._loss)
@@ -202,7 +202,7 @@ class _LossScalingUpdater:
         self._max_retries = opts.overflow.max_retries
         self._average_accum = opts.average_accum
         self._monitor = opts.monitor
-        batch = BatchCheck([self._loss, self._high_precision_loss], self._params)
+        batch = BatchCheck(graphs, self._params)
         _set_up_reduction(self, opts, graphs, batch)
         self._unscaler = Unscaler(solver, self._params, graph.float_context(self._loss), opts)
         self._collapse = CollapseWatch(opts.overflow, self._params, self._detector,
@@ -342,28 +342,36 @@ class _LossScalingUpdater:
 
     def _measure_first(self, meter: Optional[ScaleMeter], index: int, recorder: LossRecorder,
                        losses: StepLosses) -> Tuple[bool, Optional[RangeWatch]]:
-        """``(fed, watch)`` of :meth:`ScaleMeter.before_passes` where the step measures
-        (``scale="auto"`` still to calibrate, or measured growth), giving the policy the
-        start it measured; ``(False, None)`` where it does not (unscaled, ``meter`` None:
-        no scale to measure)."""
-        if meter is None or not (meter.calibration_pending
-                                 or getattr(self._policy, "growth_mode", None) == "measured"):
+        """``(fed, watch)`` before the step's passes: where ``scale="auto"`` is still to
+        measure, the first micro-batch is fed and forwarded and the start measured on it
+        (:meth:`ScaleMeter.calibrate`), given to the policy (``fed``: the first micro-batch
+        is ready); ``watch`` watches the passes where measured growth looks
+        (:meth:`ScaleMeter.growth_watch`), else None. ``(False, None)`` where the step is
+        unscaled (``meter`` None: no scale to measure)."""
+        if meter is None:
             return False, None
-        fed, start, watch = meter.before_passes(index, self._feed, self._zero_grads,
-                                                lambda: recorder.forward(losses, 0, False))
+        fed = meter.calibration_pending
+        start = meter.calibrate(self._feed, lambda: recorder.forward(losses, 0, False),
+                                self._zero_grads) if fed else None
+        measured = getattr(self._policy, "growth_mode", None) == "measured"
+        watch = meter.growth_watch(index) if measured else None
         if start is not None:
             self._policy.set_loss_scale(start)     # the start scale="auto" measured
         return fed, watch
 
     def _tell_policy(self, meter: ScaleMeter, outcome: Outcome, measured: Any) -> Optional[str]:
         """Tells the policy how the step went, with the room the meter measured; returns
-        what held a measured growth point short of that room, else None."""
+        what held a measured growth point short of that room
+        (:meth:`~nnabla_mpt.scale.scale_history.GrowthLimit.held_by`), else None."""
         policy = self._policy
         due, before = outcome is Outcome.UPDATED and policy.growth_due, policy.loss_scale
         room, free = (None, None) if measured is None else meter.settled(measured,
                                                                           outcome.skipped)
         policy.update(outcome.skipped, room)      # the one place the policy hears of a step
-        return meter.what_held(before, policy.loss_scale, room, free) if due else None
+        if not due or room is None:
+            return None
+        return meter.limit.held_by(before, policy.loss_scale, room, free,
+                                   meter.history.margin())
 
     def _forward_backward(self, recorder: LossRecorder, seed: "nn.NdArray", scale: float,
                           losses: StepLosses, watch: Optional[RangeWatch] = None,
@@ -417,8 +425,9 @@ def _set_up_reduction(updater: "_LossScalingUpdater", opts: Any, graphs,
         exchanged = agreement.StepExchange(updater._comm, updater._loss, updater._params,
                                            updater._grads, reduction.shared_grads,
                                            float_only, reduction.average_ranks)
-        updater._decider, updater._shared_gradients = agreement.decider(
-            exchanged, checks, updater._detector.mode, batch, pack)
+        updater._decider = agreement.StepAgreement(exchanged, checks, updater._detector.mode,
+                                                   batch, pack)
+        updater._shared_gradients = updater._decider.shared
         agreement.warn_float16_reduction(updater._decider.reduction, updater._precision,
                                          updater._schedule is not None,
                                          reduction.average_ranks)

@@ -58,42 +58,35 @@ skipped_steps = _counter("skipped_steps", lambda run: run.skipped_steps, "Steps 
                          "norm that is not finite.")
 
 
-def checked(state: Any, updater_name: str, can_calibrate: bool) -> Dict[str, Any]:
-    """The counters and ``calibration_pending`` of ``state``, checked: the keys, the
-    version, the updater's class name (``updater_name``) and the counters' consistency.
-    ``can_calibrate``: the loading updater's policy can measure a scale at all (a fixed
-    one cannot, and refuses a state with a calibration due)."""
+def check_all(updater: Any, state: Any) -> Dict[str, Any]:
+    """Checks the whole ``state`` for ``updater`` (its class name, its policy, its
+    precision schedule, its loss's dtype) without changing anything: the keys, the
+    version, the counters' consistency (a fixed policy cannot measure a scale, and
+    refuses a state with a calibration due). Returns the counters,
+    ``calibration_pending``, ``scale_history`` and ``precision``, the policy's state to
+    load (``"policy"``, within the loss's dtype) and the values lowered to fit it
+    (``"lowered"``, see :func:`within_dtype`)."""
+    name, policy, schedule = _owner(updater), updater._policy, updater._schedule
     check.exact_keys("state", state, KEYS)
     check.version("state", state, VERSION)
-    if state["updater"] != updater_name:
-        raise ValueError(f"state was saved by {state['updater']}, cannot load it into "
-                         f"{updater_name}")
+    if state["updater"] != name:
+        raise ValueError(f"state was saved by {state['updater']}, cannot load it into {name}")
     values: Dict[str, Any] = _checked_counters(state)
     pending = check.boolean("state['calibration_pending']", state["calibration_pending"])
-    if pending and not can_calibrate:
-        raise ValueError(f"state['calibration_pending'] is True, but {updater_name} has no "
+    if pending and policy.kind != "dynamic":
+        raise ValueError(f"state['calibration_pending'] is True, but {name} has no "
                          f"scale='auto' to measure")
     values["calibration_pending"] = pending
     values["scale_history"] = checked_state("state['scale_history']", state["scale_history"])
-    return values
-
-
-def check_all(state: Any, updater_name: str, policy, schedule,
-              dtype: FloatType) -> Dict[str, Any]:
-    """Checks the whole ``state`` for an updater (``updater_name``, its ``policy``, its
-    precision ``schedule`` or None, its loss's ``dtype``) without changing anything.
-    Returns the counters and ``calibration_pending`` (:func:`checked`), the policy's
-    state to load (``"policy"``, within ``dtype``) and the values lowered to fit it
-    (``"lowered"``, see :func:`within_dtype`)."""
-    values = checked(state, updater_name, can_calibrate=policy.kind == "dynamic")
     if (state["precision"] is None) != (schedule is None):
         mine = None if schedule is None else schedule.mode.text
         raise ValueError(f"state has precision schedule {state['precision']!r} but this "
                          f"updater has {mine!r}")
     copy.copy(policy).load_state_dict(state["policy"], name=POLICY)
-    values["policy"], values["lowered"] = within_dtype(state["policy"], dtype)
+    values["policy"], values["lowered"] = within_dtype(state["policy"], updater._dtype)
     if schedule is not None:
         copy.copy(schedule).load_state_dict(state["precision"])
+    values["precision"] = state["precision"]
     return values
 
 
@@ -223,30 +216,25 @@ def load_state_dict(self, state: Mapping[str, Any]) -> None:
             ``calibration_pending`` that is no bool); the message names it.
     """
     with self._lock.held(_owner(self), "load_state_dict()"):
-        _apply_state(self, state)
+        _apply_state(self, check_all(self, state))
 
 
-def _apply_state(self, state: Mapping[str, Any]) -> None:
-    """:func:`load_state_dict` with the updater to itself."""
-    checked = _check_state(self, state)
+def _apply_state(self, checked: Mapping[str, Any]) -> None:
+    """Loads a state :func:`check_all` checked into the updater, with the updater to
+    itself."""
     policy_state = checked["policy"]
     warn_lowered(checked["lowered"], self._dtype)
     warn_replaced_settings(self._policy, policy_state, checked["calibration_pending"],
                            self._meter.auto_scale)
     self._policy.load_state_dict(policy_state, name=POLICY)
     if self._schedule is not None:
-        self._schedule.load_state_dict(state["precision"])
+        self._schedule.load_state_dict(checked["precision"])
     self._run.steps, self._run.updates, self._run.skipped_steps = (
         checked["steps"], checked["updates"], checked["skipped_steps"])
     self._meter.load_state_dict(checked)
     self._collapse.overflow_streak = checked["overflow_streak"]
     self._collapse.longest_overflow_streak = checked["longest_overflow_streak"]
     self._collapse.bad_batches = checked["bad_batches"]
-
-
-def _check_state(self, state: Mapping[str, Any]) -> Dict[str, Any]:
-    """:func:`check_all` of ``state`` for the updater."""
-    return check_all(state, _owner(self), self._policy, self._schedule, self._dtype)
 
 
 def save_checkpoint(self, path: str) -> None:
@@ -281,6 +269,5 @@ def load_checkpoint(self, path: str) -> None:
             updater (the message names ``path`` and the arrays). Nothing is changed.
     """
     with self._lock.held(_owner(self), "load_checkpoint()"):
-        state = checkpoint.load(path, self._params, self._solver,
-                                lambda loaded: _check_state(self, loaded))
-        _apply_state(self, state)
+        _apply_state(self, checkpoint.load(path, self._params, self._solver,
+                                           lambda loaded: check_all(self, loaded)))

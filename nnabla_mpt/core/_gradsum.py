@@ -37,8 +37,6 @@ class _GradientGraph:
     _clear_buffer = False
 
     def __init__(self, variables: Sequence, context) -> None:
-        if not variables:
-            raise ValueError("variables must hold at least one parameter, got none")
         self._variables = list(variables)
         self._context = context
         self._arrays: List = []

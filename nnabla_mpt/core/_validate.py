@@ -86,16 +86,18 @@ def exact_keys(name: str, state: Any, expected: Iterable[str]) -> None:
     if not isinstance(state, Mapping):
         raise TypeError(f"{name} must be a mapping (as returned by state_dict()), "
                         f"got {type(state).__name__}")
-    expected = set(expected)
-    missing = sorted(expected - set(state))
-    unknown = sorted(set(state) - expected, key=str)
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append(f"missing keys {missing}")
-        if unknown:
-            parts.append(f"unknown keys {unknown}")
-        raise ValueError(f"{name} does not match this object: {'; '.join(parts)}")
+    why = mismatch(expected, state, "missing keys", "unknown keys")
+    if why:
+        raise ValueError(f"{name} does not match this object: {why}")
+
+
+def mismatch(expected: Iterable[Any], found: Iterable[Any], missing: str, unknown: str) -> str:
+    """What ``found`` lacks of ``expected`` and holds beyond it, each list sorted and led
+    by its word (``"missing keys ['a']; unknown keys ['z']"``), or ``""`` where they
+    match."""
+    expected, found = set(expected), set(found)
+    parts = ((missing, expected - found), (unknown, found - expected))
+    return "; ".join(f"{what} {sorted(names, key=str)}" for what, names in parts if names)
 
 
 def version(name: str, state: Mapping, expected: int) -> None:

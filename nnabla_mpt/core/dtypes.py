@@ -75,20 +75,16 @@ def dtype_name(array: Any) -> str:
 
 def narrowest_float(dtypes: List[str]) -> Optional[str]:
     """The floating dtype name with the smallest range among ``dtypes``, or ``None``."""
-    import numpy as np
-
     floats = [d for d in dtypes if d.startswith("float")]
     if not floats:
         return None
-    return min(floats, key=lambda d: np.finfo(np.dtype(d)).max)
+    return min(floats, key=lambda d: float_type(d).max)
 
 
 def narrowest_float_max(dtypes: List[str]) -> Optional[float]:
     """Largest finite value of :func:`narrowest_float` of ``dtypes``, or ``None``."""
-    import numpy as np
-
     name = narrowest_float(dtypes)
-    return float(np.finfo(np.dtype(name)).max) if name else None
+    return float_type(name).max if name else None
 
 
 def array_stats(arr: Any) -> Tuple[int, float, float]:

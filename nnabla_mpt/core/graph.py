@@ -8,13 +8,6 @@ from .dtypes import float_type
 _DTYPES = {"half": "float16", "bfloat16": "bfloat16"}
 
 
-def backend_of(loss) -> List[str]:
-    """The backends (``"cpu:half"``, ...) of the function producing ``loss``; empty when
-    ``loss`` is a leaf."""
-    parent = loss.parent
-    return [] if parent is None else list(parent.context.backend)
-
-
 def type_config_of(loss) -> str:
     """The type configuration nnabla runs the graph of ``loss`` in (``"half"``,
     ``"float"``, ...): that of the first backend of the loss's context that nnabla has
@@ -99,7 +92,7 @@ def gradient_precision(loss, params: Mapping) -> str:
 
 def extension_of(loss) -> str:
     """The extension (``"cpu"``, ``"cudnn"``, ...) ``loss`` is computed with."""
-    backend = backend_of(loss)
+    backend = [] if loss.parent is None else loss.parent.context.backend
     return backend[0].split(":")[0] if backend else "cpu"
 
 

@@ -245,11 +245,7 @@ def _wrap(text: str, width: int = 88) -> List[str]:
 def _fmt_num(x: Optional[float]) -> str:
     if x is None:
         return "n/a"
-    if isinstance(x, float) and math.isnan(x):
-        return "nan"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.6g}"
+    return f"{x:.6g}"          # "nan", "inf" and "-inf" as they are
 
 
 def fmt_scale(s: Optional[float]) -> str:
@@ -287,13 +283,8 @@ _FUNCTION_ADVICE: Dict[Tuple[str, Optional[str]], str] = {
     ("Norm", "backward"): ("the norm of an all-zero vector has no derivative (0/0): add "
                            "eps under the root, F.pow_scalar(F.sum(x ** 2, axis) + eps, "
                            "0.5)."),
-    ("Affine", "forward"): _RANGE,
-    ("Convolution", "forward"): _RANGE,
-    ("BatchMatmul", "forward"): _RANGE,
-    ("Sum", "forward"): _RANGE,
-    ("SumPooling", "forward"): _RANGE,
-    ("MulScalar", "forward"): _RANGE,
-    ("Mul2", "forward"): _RANGE,
+    **{(name, "forward"): _RANGE for name in ("Affine", "Convolution", "BatchMatmul", "Sum",
+                                              "SumPooling", "MulScalar", "Mul2")},
 }
 
 

@@ -81,13 +81,6 @@ class BackwardHooks(FunctionHooks):
         self.raise_deferred()
         return self
 
-    def on_pre(self, f: Any) -> None:
-        """Before function ``f``'s backward: its outputs' gradients are complete."""
-
-    def on_post(self, f: Any, index: int) -> None:
-        """After function ``f``'s backward, the ``index``-th of the pass: its inputs'
-        gradients hold its contribution."""
-
 
 class BackwardWatch(BackwardHooks):
     """Hooks for one backward pass: where gradients turn non-finite, and who is to blame.
@@ -108,7 +101,6 @@ class BackwardWatch(BackwardHooks):
 
     def __init__(self) -> None:
         super().__init__()
-        self.grad_bad: Dict[int, bool] = {}
         self.turned_bad_by: Dict[int, int] = {}   # variable hash -> backward index
         self.bad_outputs: Dict[int, List[int]] = {}  # backward index -> bad output hashes
         self.origins: List[Dict[str, Any]] = []
@@ -128,9 +120,9 @@ class BackwardWatch(BackwardHooks):
             st = array_stats(v.g)
             in_stats.append(st)
             h = hash(v)
-            if st[0] and not self.grad_bad.get(h, False):
+            if st[0] and h not in self.turned_bad_by:
                 self.turned_bad_by[h] = idx
-                self.grad_bad[h] = newly = True
+                newly = True
         for st in out + in_stats:
             if not math.isnan(st[1]):
                 self.grad_max = max(self.grad_max, st[1])

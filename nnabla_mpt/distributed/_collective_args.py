@@ -3,9 +3,9 @@ data as a list of NdArrays, the source rank, the group. Each raises ``TypeError`
 ``ValueError`` naming the argument and the value."""
 from typing import Any, List
 
-import numpy as np
-
 import nnabla as nn
+
+from ..core import _validate as check
 
 
 def ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
@@ -32,8 +32,7 @@ def ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
 
 
 def check_src(src: Any, size: int) -> None:
-    if not isinstance(src, (int, np.integer)) or isinstance(src, bool):
-        raise TypeError(f"src must be an int, got {type(src).__name__}: {src!r}")
+    src = check.integer("src", src)
     if not 0 <= src < size:
         raise ValueError(f"src must be a rank in [0, {size - 1}], got {src}")
 

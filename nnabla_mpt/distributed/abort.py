@@ -15,9 +15,9 @@ import sys
 import time
 from typing import Any, Callable
 
-import numpy as np
-
 from nnabla.logger import logger
+
+from ..core import _validate as check
 
 _GRACE_SECONDS = 0.2
 
@@ -90,12 +90,10 @@ def updater_comm(comm: Any, abort_on_exception: bool) -> Any:
 def abort_job(comm: Any, errorcode: Any) -> None:
     """End every process of the job of ``comm`` (an ``MPICommunicator``) with ``errorcode``,
     logging that this rank asked for it; never returns."""
-    if not isinstance(errorcode, (int, np.integer)) or isinstance(errorcode, bool):
-        raise TypeError(f"errorcode must be an int, got {type(errorcode).__name__}: "
-                        f"{errorcode!r}")
+    errorcode = check.integer("errorcode", errorcode)
     logger.error("rank %d of %d aborts the MPI job (error code %d)", comm.rank, comm.size,
-                 int(errorcode))
-    hard_abort(comm.comm.Abort, int(errorcode))
+                 errorcode)
+    hard_abort(comm.comm.Abort, errorcode)
 
 
 def hard_abort(abort: Callable[[int], Any], errorcode: int) -> None:

@@ -49,36 +49,49 @@ class StepAgreement:
     """The decision of every rank alike, from the reduced gradients.
 
     Args:
-        exchange: What the ranks reduce and how (:class:`StepExchange`): its ``comm``
-            (``all_reduce``, ``size``) and ``division`` (the step's all-reduce averages
-            over the ranks, ``average_ranks``).
-        transport: What the step's all-reduce carries (:class:`ListTransport` or
-            :class:`~nnabla_mpt.distributed.packed.PackedArrays`):
-            ``reduce(comm, flags, division)`` reduces the gradients with the flags and
-            returns the reduced flags.
-        flags: The flags' codec (:func:`nnabla_mpt.distributed.exchange.step_flags`).
-        reduction: What the all-reduce does to dtypes
-            (:func:`nnabla_mpt.distributed.exchange.handshake`).
-        checks: The step's checks (:class:`StepChecks`); its ``check`` is kept as the
-            attribute ``check``.
-        in_backward: ``() -> callback`` for the last backward pass of a step, where the
-            gradients are reduced inside it (nnabla's communicators, ``backward_pack_size``;
-            the transport then carries the flags only), or None; kept as the attribute.
+        exchanged: What the ranks reduce and how (:class:`StepExchange`): its ``comm``
+            (``all_reduce``, ``size``), its gradients and ``division`` (the step's
+            all-reduce averages over the ranks, ``average_ranks``). The ranks first
+            compare what they exchange and learn what the all-reduce does to dtypes
+            (:func:`same_model`; kept as ``reduction``); the step's all-reduce then
+            carries the gradients with the flags (:func:`_transport`; ``transport``, and
+            ``shared``, the :class:`SharedGradients` holding them, or None).
+        checks: ``(check, inf_nan_check)``, the overflow check of ``mode`` and the
+            inf/NaN one (None when checking is off); ``check`` is kept as the attribute.
+            In the saturation ``mode`` each rank's own gradients are checked before the
+            reduce too, and the reduced ones compared with the threshold again only where
+            the reduction sums in float16; a float32 reduction cannot saturate, so its
+            sums get the inf/NaN check (finite sums are no saturated values, and sums
+            written back into float16 arrays overflow to inf from 65520 on).
+        mode: The overflow check's mode.
+        batch: The check of a skipped step's batch
+            (:class:`~nnabla_mpt.step.detector.BatchCheck`).
+        pack: With a size (``options.backward_reduction``), nnabla's callback reduces
+            the gradients inside the last backward pass, in packs of that many values
+            (``in_backward``, ``() -> callback``), and the step's all-reduce carries the
+            flags only; else None.
     """
 
-    def __init__(self, exchange: "StepExchange", transport, flags,
-                 reduction: exchange.Reduction, checks: "StepChecks",
-                 in_backward: Optional[Callable[[], Any]] = None) -> None:
-        self._comm = exchange.comm
-        self._division = exchange.division
-        self.transport = transport
-        self._flags = flags
-        self.reduction = reduction
-        self.check = checks.check
-        self.check_before = checks.check is not None and checks.before
-        self.check_after = checks.after
-        self._batch = checks.batch
-        self.in_backward = in_backward
+    def __init__(self, exchanged: "StepExchange",
+                 checks: Tuple[Optional[Callable[[], bool]], ...], mode: str,
+                 batch: BatchCheck, pack: Optional[int] = None) -> None:
+        check, inf_nan_check = checks
+        comm = exchanged.comm
+        self._comm = comm
+        self._division = exchanged.division
+        self.reduction = same_model(comm, exchanged.params, exchanged.grads)
+        self.transport, self.shared, self._flags = _transport(exchanged, self.reduction,
+                                                              pack is None)
+        self.in_backward = None
+        if pack is not None:
+            gradients = exchanged.arrays()
+            self.in_backward = lambda: comm.all_reduce_callback(  # noqa: E731
+                gradients, pack, division=exchanged.division)
+        saturating = mode != "inf_nan"
+        self.check = check
+        self.check_before = check is not None and saturating
+        self.check_after = inf_nan_check if saturating and not self.reduction.float16 else None
+        self._batch = batch
 
     def decide(self, loss: "nn.Variable", losses: StepLosses, step: int) -> Outcome:
         """Reduces the gradients with the flags (one collective) and checks the result.
@@ -234,64 +247,14 @@ class StepExchange(NamedTuple):
         return list(grads if grads is not None else (v.grad for v in self.params.values()))
 
 
-class StepChecks(NamedTuple):
-    """The checks a :class:`StepAgreement` makes.
-
-    Attributes:
-        check: The overflow check of the solver's gradients, or None when checking is off.
-        before: Check each rank's own gradients before the reduce too (see the module's
-            docstring).
-        after: The check of the reduced gradients, or None for ``check``: in the
-            saturation mode, where the reduction cannot saturate (it does not sum in
-            float16), the inf/NaN check: finite sums are no saturated values, and sums
-            written back into float16 arrays overflow to inf from 65520 on (below, they
-            round to 65504 at most), which it sees.
-        batch: The check of a skipped step's batch
-            (:class:`~nnabla_mpt.step.detector.BatchCheck`).
-    """
-    check: Optional[Callable[[], bool]]
-    before: bool
-    after: Optional[Callable[[], bool]]
-    batch: BatchCheck
-
-
-def decider(exchanged: StepExchange, checks: Tuple[Optional[Callable[[], bool]], ...],
-            mode: str, batch: BatchCheck, pack: Optional[int] = None):
-    """``(decider, shared gradients)`` for an updater with a communicator: a
-    :class:`StepAgreement`. ``checks``: ``(check, inf_nan_check)``, the overflow check of
-    ``mode`` and the inf/NaN one (None when checking is off). In the saturation ``mode``
-    each rank's own gradients are checked before the reduce too, and the reduced ones are
-    compared with the threshold again only where the reduction sums in float16; a float32
-    reduction cannot saturate, so its sums get the inf/NaN check (a single process decides
-    alone: :class:`~nnabla_mpt.step.decision.LocalDecision`). The ranks first compare what
-    they exchange and learn what the all-reduce does to dtypes (:func:`same_model`).
-    With ``pack`` (``options.backward_reduction``) nnabla's callback reduces the gradients
-    inside the last backward pass, in packs of that many values, and the step's
-    all-reduce carries the flags only."""
-    check, inf_nan_check = checks
-    comm = exchanged.comm
-    reduction = same_model(comm, exchanged.params, exchanged.grads)
-    transport, shared, flags = _transport(exchanged, reduction, pack is None)
-    in_backward = None
-    if pack is not None:
-        gradients = exchanged.arrays()
-        in_backward = lambda: comm.all_reduce_callback(  # noqa: E731
-            gradients, pack, division=exchanged.division)
-    saturating = mode != "inf_nan"
-    after = inf_nan_check if saturating and not reduction.float16 else None
-    agreement = StepAgreement(exchanged, transport, flags, reduction,
-                              StepChecks(check, saturating, after, batch), in_backward)
-    return agreement, shared
-
-
 def _transport(exchanged: StepExchange, reduction: exchange.Reduction, with_gradients: bool):
     """``(transport, shared gradients, flags' codec)`` of the step's all-reduce: a list
-    (:class:`ListTransport`, :func:`reduce_list`) for :class:`~nnabla_mpt.MPICommunicator`,
+    (:class:`ListTransport`, the flags' carrier last) for :class:`~nnabla_mpt.MPICommunicator`,
     which fuses the arrays of a call, and the flags alone where the gradients are reduced
     in the backward pass (not ``with_gradients``); else the gradients and the flags in one
     buffer (:mod:`nnabla_mpt.distributed.packed` says why)."""
     comm = exchanged.comm
-    flags = exchange.step_flags(comm, reduction, exchanged.division)
+    flags = exchange.StepFlags(comm.rank, comm.size, exchanged.division, reduction.float16)
     if with_gradients and not isinstance(comm, MPICommunicator):
         if exchanged.shared_grads:
             use_shared_grads(exchanged, ())   # raises, naming why
@@ -300,8 +263,12 @@ def _transport(exchanged: StepExchange, reduction: exchange.Reduction, with_grad
         return packed, None, flags
     if not with_gradients:
         return ListTransport([nn.NdArray((flags.length,))]), None, flags
-    arrays, shared = reduce_list(exchanged, flags.length)
-    return ListTransport(arrays), shared, flags
+    carrier = nn.Variable((flags.length,))     # its gradient carries the flags
+    placed = list(exchanged.params.values()) + [carrier]
+    if use_shared_grads(exchanged, placed):
+        shared = comm.share_grads(placed)
+        return ListTransport(shared.arrays), shared, flags   # kept current by shared.zero()
+    return ListTransport(exchanged.arrays() + [carrier.grad]), None, flags
 
 
 def warn_float16_reduction(reduction: Optional[exchange.Reduction], precision: str,
@@ -365,18 +332,6 @@ def check_not_armed(comm) -> None:
             "get_all_reduce_callback()): it would reduce the gradients a second time, at the "
             "solver's first operation; the updater reduces them itself. Call "
             "comm.clear_all_reduce_callback() before using the updater")
-
-
-def reduce_list(exchanged: StepExchange,
-                flags_length: int) -> Tuple[List["nn.NdArray"], object]:
-    """The arrays a step reduces, the flags (``flags_length`` elements) last, and the
-    :class:`SharedGradients` holding them in the communicator's shared memory (or None)."""
-    flags = nn.Variable((flags_length,))
-    placed = list(exchanged.params.values()) + [flags]
-    if use_shared_grads(exchanged, placed):
-        shared = exchanged.comm.share_grads(placed)
-        return shared.arrays, shared   # kept current by shared.zero()
-    return exchanged.arrays() + [flags.grad], None
 
 
 def use_shared_grads(exchanged: StepExchange, placed: Sequence["nn.Variable"]) -> bool:

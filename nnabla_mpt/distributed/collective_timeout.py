@@ -20,18 +20,11 @@ from typing import Any, Callable, List, Optional
 
 from nnabla.logger import logger
 
-from ..core import _validate as check
 from .abort import hard_abort
 
 #: Seconds a collective of MPICommunicator waits by default before it ends the job (as
 #: long as PyTorch's NCCL default).
 DEFAULT_TIMEOUT = 600.0
-
-
-def checked_timeout(timeout: Any) -> Optional[float]:
-    """``timeout`` as given to :class:`~nnabla_mpt.MPICommunicator`: seconds > 0, or None
-    (wait forever)."""
-    return None if timeout is None else check.real("timeout", timeout, gt=0.0)
 
 
 class CollectiveTimeout:

@@ -21,16 +21,16 @@ import numpy as np
 import nnabla as nn
 
 from ..core._hostarray import dtype_of
-from ..core._validate import boolean
-from . import memory_room, shared_gradients
+from ..core._validate import boolean, real
+from . import memory_room
 from ._collective_args import check_group, ndarray_list
 from .abort import abort_job, install_excepthook
 from .broadcast import Broadcast
-from .collective_timeout import DEFAULT_TIMEOUT, CollectiveTimeout, checked_timeout, timed
+from .collective_timeout import DEFAULT_TIMEOUT, CollectiveTimeout, timed
 from .fused_buffer import layout
 from .message_reduction import MessageReduction
 from .nnabla_api import NnablaCommunicatorAPI
-from .reduce_callback import AllReduceCallback, DeferredAllReduce
+from .reduce_callback import AllReduceCallback
 from .shared_gradients import ShareGrads, SharedGradients
 from .shared_memory_reduction import SharedMemoryReduction, window_bytes
 
@@ -161,7 +161,7 @@ class MPICommunicator(AllReduceCallback, Broadcast, ShareGrads, NnablaCommunicat
                  timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
         MPI = import_mpi()
         abort_on_exception = boolean("abort_on_exception", abort_on_exception)
-        timeout = checked_timeout(timeout)
+        timeout = None if timeout is None else real("timeout", timeout, gt=0.0)
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
         comm = _checked_comm(MPI, comm)
@@ -187,8 +187,8 @@ class MPICommunicator(AllReduceCallback, Broadcast, ShareGrads, NnablaCommunicat
                                     if what == "all_reduce" else None)
         from nnabla.ext_utils import get_extension_context
         self._host_ctx = get_extension_context("cpu")
-        self._windows = shared_gradients.GradientWindows(MPI, comm, self._host_ctx)
-        self._deferred = DeferredAllReduce(self)
+        self._MPI = MPI
+        self._windows = []      # the SharedArrays of share_grads, in the order made
         self.n_all_reduce_calls = self.n_bcast_calls = self.n_collectives = 0
         self.abort_on_exception = abort_on_exception
         if abort_on_exception:
@@ -301,7 +301,11 @@ class MPICommunicator(AllReduceCallback, Broadcast, ShareGrads, NnablaCommunicat
             # the signatures' allgather, then Reduce_scatter_block + Allgather or Reduce + Bcast
             self.n_collectives += 3
             return
-        place = self._windows.locate(lay)
+        place = None    # where the arrays lie in the windows of share_grads, if they do
+        for window in self._windows:
+            place = window.locate(lay)
+            if place is not None:
+                break
         before = self._shm.barriers
         try:
             self._shm.all_reduce(lay, len(arrays), division, place)

@@ -16,9 +16,8 @@ float32 and a float16 array, whose dtypes are read after (:class:`Reduction`).
 
 The step's flags (some rank's overflow, each rank's loss, each rank's step index) ride in
 the step's all-reduce (:mod:`nnabla_mpt.distributed.agreement`): overflow and loss as two summed
-float32 values where the reduction keeps float32 (:class:`SummedFlags`, the cheapest), in
-byte slots where it is float16 (:class:`SlottedFlags`); the step indices in byte slots
-either way, so that ranks whose steps were paired out of order are named.
+float32 values where the reduction keeps float32 (the cheapest), the loss in byte slots
+where it is float16 (:class:`StepFlags`); the step indices in byte slots either way, so that ranks whose steps were paired out of order are named.
 """
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -102,67 +101,43 @@ def _ndarray(values: np.ndarray, dtype) -> "nn.NdArray":
     return array
 
 
-class SummedFlags:
-    """The step's flags as two float32 values summed over the ranks, the number of ranks
-    that found an overflow and the sum of their losses, then each rank's step index in
-    its slot (:class:`RankSlots`). For reductions that keep float32.
+class StepFlags:
+    """The step's flags: the number of ranks that found an overflow, the loss, then each
+    rank's step index in its slot (:class:`RankSlots`). The loss travels as one float32
+    value summed over the ranks where the reduction keeps float32 (the cheapest), as each
+    rank's float32 bytes in its slots where it reduces in float16 (``slotted``; the mean
+    is then taken here, in float64); the overflow count is exact up to 2048 ranks.
 
     Args:
         rank, size: This rank and the number of ranks.
         divided: The all-reduce divides by the number of ranks (averages).
+        slotted: The reduction is in float16 (:attr:`Reduction.float16`).
     """
 
-    def __init__(self, rank: int, size: int, divided: bool) -> None:
+    def __init__(self, rank: int, size: int, divided: bool, slotted: bool) -> None:
         self._size = size
         self._divided = divided
+        self._losses = RankSlots(rank, size, np.float32) if slotted else None
         self._steps = RankSlots(rank, size, np.uint32)
-        self.length = 2 + self._steps.length
+        self._middle = 1 + (self._losses.length if slotted else 1)
+        self.length = self._middle + self._steps.length
 
     def encode(self, overflow: bool, loss: float, step: int) -> np.ndarray:
         """This rank's flags at its step ``step``."""
-        return np.concatenate([np.array([overflow, loss], dtype=np.float32),
-                               self._steps.encode(step)])
-
-    def decode(self, reduced) -> Tuple[bool, float, np.ndarray]:
-        """``(some rank overflowed, the mean loss over the ranks, every rank's step)``."""
-        flag, loss = float(reduced[0]), float(reduced[1])
-        steps = self._steps.decode(reduced[2:], self._divided).ravel()
-        return flag > 0.0, loss if self._divided else loss / self._size, steps
-
-
-class SlottedFlags:
-    """The step's flags for a reduction in float16: the number of ranks that found an
-    overflow (exact up to 2048 ranks), then each rank's loss as float32 bytes and its step
-    index in its slots (:class:`RankSlots`); the mean is taken here, in float64.
-
-    Args:
-        rank, size: This rank and the number of ranks.
-        divided: The all-reduce divides by the number of ranks (averages).
-    """
-
-    def __init__(self, rank: int, size: int, divided: bool) -> None:
-        self._losses = RankSlots(rank, size, np.float32)
-        self._steps = RankSlots(rank, size, np.uint32)
-        self._divided = divided
-        self.length = 1 + self._losses.length + self._steps.length
-
-    def encode(self, overflow: bool, loss: float, step: int) -> np.ndarray:
-        """This rank's flags at its step ``step``."""
-        return np.concatenate([np.array([overflow], np.float32), self._losses.encode(loss),
+        if self._losses is None:
+            loss_part = np.array([loss], np.float32)
+        else:
+            loss_part = self._losses.encode(loss)
+        return np.concatenate([np.array([overflow], np.float32), loss_part,
                                self._steps.encode(step)])
 
     def decode(self, reduced) -> Tuple[bool, float, np.ndarray]:
         """``(some rank overflowed, the mean loss over the ranks, every rank's step)``."""
         reduced = np.asarray(reduced, dtype=np.float64)
-        middle = 1 + self._losses.length
-        losses = self._losses.decode(reduced[1:middle], self._divided).astype(np.float64)
-        steps = self._steps.decode(reduced[middle:], self._divided).ravel()
-        return bool(reduced[0] > 0.0), float(losses.mean()), steps
-
-
-def step_flags(comm, reduction: Reduction, divided: bool):
-    """The flags' codec of a step whose flags travel in a float32 array through ``comm``:
-    in byte slots where ``comm`` reduces in float16."""
-    if reduction.float16:
-        return SlottedFlags(comm.rank, comm.size, divided)
-    return SummedFlags(comm.rank, comm.size, divided)
+        steps = self._steps.decode(reduced[self._middle:], self._divided).ravel()
+        if self._losses is None:
+            mean = reduced[1] if self._divided else reduced[1] / self._size
+        else:
+            losses = self._losses.decode(reduced[1:self._middle], self._divided)
+            mean = losses.astype(np.float64).mean()
+        return bool(reduced[0] > 0.0), float(mean), steps

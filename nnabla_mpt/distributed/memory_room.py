@@ -104,11 +104,19 @@ def read(shm_dir: str = SHM_DIR, proc: str = "/proc",
 
 def _mem_available(proc: str) -> Optional[int]:
     """``MemAvailable`` in bytes, or None."""
+    kib = _number(os.path.join(proc, "meminfo"), "MemAvailable:")
+    return None if kib is None else kib * 1024
+
+
+def _number(path: str, key: str) -> Optional[int]:
+    """The number after ``key`` on its line of the file ``path`` (``/proc/meminfo``, a
+    cgroup's ``memory.stat``), or None."""
     try:
-        with open(os.path.join(proc, "meminfo")) as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                fields = line.split()
+                if fields[:1] == [key]:
+                    return int(fields[1])
     except (OSError, ValueError, IndexError):
         pass
     return None
@@ -133,17 +141,12 @@ def _cgroup_left(proc: str, root: str) -> Optional[int]:
                      "total_inactive_file")
         else:
             continue
-        lefts = [_left(level, *files) for level in _levels(base, path)]
+        parts = [p for p in path.split("/") if p]    # the path's folder, then its ancestors'
+        lefts = [_left(os.path.join(base, *parts[:k]), *files)
+                 for k in range(len(parts), -1, -1)]
         lefts = [x for x in lefts if x is not None]
         return min(lefts) if lefts else None
     return None
-
-
-def _levels(base: str, path: str):
-    """The folders of ``path`` and of each of its ancestors under ``base``."""
-    parts = [p for p in path.split("/") if p]
-    for k in range(len(parts), -1, -1):
-        yield os.path.join(base, *parts[:k])
 
 
 def _left(folder: str, limit_file: str, usage_file: str, inactive_key: str) -> Optional[int]:
@@ -158,14 +161,5 @@ def _left(folder: str, limit_file: str, usage_file: str, inactive_key: str) -> O
             usage = int(f.read().strip())
     except (OSError, ValueError):
         return None
-    inactive = 0
-    try:
-        with open(os.path.join(folder, "memory.stat")) as f:
-            for line in f:
-                key, _, value = line.partition(" ")
-                if key == inactive_key:
-                    inactive = int(value)
-                    break
-    except (OSError, ValueError):
-        pass
+    inactive = _number(os.path.join(folder, "memory.stat"), inactive_key) or 0
     return max(0, limit - max(0, usage - inactive))

@@ -26,8 +26,7 @@ class MessageReduction:
         self._algorithm = algorithm
         self._size = comm.Get_size()
         self._rank = comm.Get_rank()
-        self._buffer = np.empty(0, np.float32)
-        self._block = np.empty(0, np.float32)
+        self._scratch = {}   # "buffer" and "block", kept between calls
 
     def all_reduce(self, lay: Layout, n_arrays: int, division: bool) -> None:
         """Sum (or average) the arrays of ``lay`` over the ranks, in place.
@@ -39,7 +38,7 @@ class MessageReduction:
         check_signatures(self.comm.allgather(signature(lay, n_arrays)))
         total = lay.total
         padded = -(-total // self._size) * self._size
-        buf = self._get_buffer(padded, lay.dtype)
+        buf = self._held("buffer", padded, lay.dtype)
         buf_ptr = buf.ctypes.data
         # each array is read in its own dtype; the copy converts to the buffer's
         gather(lay, 0, total, buf, buf_ptr)
@@ -55,7 +54,7 @@ class MessageReduction:
         """Sum ``buf`` (a multiple of the number of ranks long) over the ranks, in place."""
         MPI = self._MPI
         if self._algorithm == "reduce_scatter":
-            blk = self._get_block(buf.size // self._size, buf.dtype)
+            blk = self._held("block", buf.size // self._size, buf.dtype)
             self.comm.Reduce_scatter_block(buf, blk, op=MPI.SUM)
             self.comm.Allgather(blk, buf)
         else:
@@ -65,15 +64,9 @@ class MessageReduction:
                 self.comm.Reduce(buf, None, op=MPI.SUM, root=0)
             self.comm.Bcast(buf, root=0)
 
-    def _get_buffer(self, n: int, dtype: np.dtype) -> np.ndarray:
-        if self._buffer.dtype != dtype or self._buffer.size < n:
-            self._buffer = np.empty(n, dtype)
-        return self._buffer[:n]
-
-    def _get_block(self, n: int, dtype: np.dtype) -> np.ndarray:
-        if self._block.dtype != dtype or self._block.size < n:
-            self._block = np.empty(n, dtype)
-        return self._block[:n]
-
-
-# Bytes of shared memory per input area; one area per rank plus one result area.
+    def _held(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
+        """``n`` elements of the scratch array ``name`` in ``dtype`` (grown as needed)."""
+        held = self._scratch.get(name)
+        if held is None or held.dtype != dtype or held.size < n:
+            held = self._scratch[name] = np.empty(n, dtype)
+        return held[:n]

@@ -31,8 +31,7 @@ class PackedArrays:
 
     Args:
         arrays: The arrays to reduce (the gradients), which keep their places.
-        flags_length: Elements of the flags (``exchange.SummedFlags`` or
-            ``exchange.SlottedFlags``).
+        flags_length: Elements of the flags (``exchange.StepFlags``).
         ctx: The float32 context of the loss's device
             (:func:`nnabla_mpt.core.graph.float_context`), where the buffer is made and the
             parts are copied back.

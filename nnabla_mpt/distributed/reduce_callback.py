@@ -6,8 +6,8 @@ goes on. It accepts no other kind of object (a Python one raises ``TypeError``),
 communicator written in Python cannot run inside the pass; what it also accepts is
 ``None``, "no callback".
 
-:meth:`MPICommunicator.all_reduce_callback` therefore returns ``None`` and arms a
-:class:`DeferredAllReduce`: the reduction of the given arrays runs right before the next
+:meth:`MPICommunicator.all_reduce_callback` therefore returns ``None`` and arms
+the communicator's reduction: the reduction of the given arrays runs right before the next
 solver operation that follows a pass of a graph (``update``, ``weight_decay``,
 ``clip_grad_by_norm``, ``scale_grad``, ``check_inf_or_nan_grad``, ...; not
 ``zero_grad``), through nnabla's process-wide hooks (``nnabla.callback``). The solver sees
@@ -20,7 +20,7 @@ How it differs from nnabla's callback (the distributed page tells users the same
 * until the first solver operation the gradients are still this rank's own;
 * every armed array is reduced, not only those the backward pass reached;
 * a communicator holds one armed reduction: a later call replaces the arrays of an
-  earlier one. It stays armed until :meth:`DeferredAllReduce.clear`, so a callback made
+  earlier one. It stays armed until ``clear_all_reduce_callback()``, so a callback made
   once and passed to every backward pass works as one made for each pass: for that,
   nnabla's function hook, a Python call for every function of every pass, tells that a
   pass ran (a script that arms for each pass drops it after its first step);
@@ -42,89 +42,20 @@ from ._collective_args import check_group, ndarray_list
 from .abort import hard_abort
 
 
-class DeferredAllReduce:
-    """The reduction :meth:`MPICommunicator.all_reduce_callback` arms.
+class AllReduceCallback:
+    """``all_reduce_callback`` and its companions, for :class:`MPICommunicator`, and the
+    reduction they arm (MPICommunicator holds ``_comm``, ``rank`` and ``size``)."""
 
-    Args:
-        comm: The communicator whose :meth:`all_reduce` runs the reduction.
-    """
-
-    def __init__(self, comm: Any) -> None:
-        self._comm = comm
-        self._key = f"nnabla_mpt.all_reduce_callback.{id(comm)}"
-        self._arrays: Optional[List["nn.NdArray"]] = None
-        self._division = False
-        self._scale = 1.0
-        self._pending = False     # a reduction is due at the next solver operation
-        self._watching = False    # nnabla's function hook marks every pass as due
-        self._reduced = False     # a reduction ran since the last arm()
+    _armed_arrays: Optional[List["nn.NdArray"]] = None   # the armed reduction's arrays
+    _armed_division = False
+    _armed_scale = 1.0
+    _pending = False     # a reduction is due at the next solver operation
+    _watching = False    # nnabla's function hook marks every pass as due
+    _reduced = False     # a reduction ran since the last arm
 
     @property
-    def armed(self) -> bool:
-        """Whether a reduction is armed."""
-        return self._arrays is not None
-
-    def arm(self, arrays: List["nn.NdArray"], division: bool, scale: float) -> None:
-        """Arms the reduction of ``arrays`` (multiplied by ``scale`` first, divided by the
-        number of ranks after if ``division``), replacing an armed one; it is due at the
-        next solver operation.
-
-        The first call also sets nnabla's function hook, which makes every later pass due
-        (a callback made once and passed to every backward pass). A call after a reduction
-        shows a script that arms for each pass: arming marks the pass, and the function
-        hook, a Python call for every function of every pass, is removed.
-        """
-        if self._arrays is None:
-            callback.set_solver_pre_hook(self._key, self._before_solver)
-            callback.set_function_post_hook(self._key, self._saw_pass)
-            self._watching = True
-        elif self._watching and self._reduced:
-            callback.unset_function_post_hook(self._key)
-            self._watching = False
-        self._arrays, self._division, self._scale = arrays, division, scale
-        self._pending, self._reduced = True, False
-
-    def clear(self) -> None:
-        """Disarms the reduction and removes the hooks."""
-        if self._watching:
-            callback.unset_function_post_hook(self._key)
-        if self._arrays is not None:
-            callback.unset_solver_pre_hook(self._key)
-        self._arrays = None
-        self._pending = self._watching = self._reduced = False
-
-    def _saw_pass(self, function: Any) -> None:
-        """nnabla's hook after each function of any forward or backward pass."""
-        self._pending = True
-
-    def _before_solver(self) -> None:
-        """nnabla's hook before a solver processes each parameter: the first call while a
-        reduction is due runs it, the others find nothing due."""
-        if not self._pending:
-            return
-        try:
-            if self._scale != 1.0:
-                for array in self._arrays:
-                    array *= self._scale
-            self._comm.all_reduce(self._arrays, division=self._division, inplace=True)
-        except BaseException:
-            # nnabla goes on with the solver's operation after a hook raised: the
-            # parameters would move by this rank's own gradients. End the job instead.
-            logger.error(f"rank {self._comm.rank} of {self._comm.size}: the all-reduce "
-                         f"armed by all_reduce_callback() failed inside nnabla's solver "
-                         f"hook, where an error cannot stop the solver; aborting the MPI "
-                         f"job (error code 1)\n{traceback.format_exc()}")
-            hard_abort(self._comm.comm.Abort, 1)
-        finally:
-            self._pending = False    # after the reduce: never a second one for this pass
-            self._reduced = True
-
-
-class AllReduceCallback:
-    """``all_reduce_callback`` and its companions, for :class:`MPICommunicator` (which
-    sets ``self._deferred``, a :class:`DeferredAllReduce` over itself)."""
-
-    _deferred: DeferredAllReduce
+    def _hook_key(self) -> str:
+        return f"nnabla_mpt.all_reduce_callback.{id(self)}"
 
     def all_reduce_callback(self, data: Union["nn.NdArray", Sequence["nn.NdArray"]],
                             pack_size: int, division: bool = False, group: str = "world",
@@ -169,7 +100,7 @@ class AllReduceCallback:
         check_group(group)
         scale = check.real("scale_grad", scale_grad)
         check.boolean("keep_dtype", keep_dtype)
-        self._deferred.arm(arrays, division, scale)
+        self._arm(arrays, division, scale)
         return None
 
     def get_all_reduce_callback(self, packing_size: int = 2 << 20) -> None:
@@ -187,9 +118,60 @@ class AllReduceCallback:
     def all_reduce_callback_armed(self) -> bool:
         """Whether :meth:`all_reduce_callback` armed a reduction (until
         :meth:`clear_all_reduce_callback`)."""
-        return self._deferred.armed
+        return self._armed_arrays is not None
 
     def clear_all_reduce_callback(self) -> None:
         """Disarms the reduction armed by :meth:`all_reduce_callback` and removes its
         hooks from nnabla; nothing happens if none is armed."""
-        self._deferred.clear()
+        if self._watching:
+            callback.unset_function_post_hook(self._hook_key)
+        if self._armed_arrays is not None:
+            callback.unset_solver_pre_hook(self._hook_key)
+        self._armed_arrays = None
+        self._pending = self._watching = self._reduced = False
+
+    def _arm(self, arrays: List["nn.NdArray"], division: bool, scale: float) -> None:
+        """Arms the reduction of ``arrays`` (multiplied by ``scale`` first, divided by the
+        number of ranks after if ``division``), replacing an armed one; it is due at the
+        next solver operation.
+
+        The first call also sets nnabla's function hook, which makes every later pass due
+        (a callback made once and passed to every backward pass). A call after a reduction
+        shows a script that arms for each pass: arming marks the pass, and the function
+        hook, a Python call for every function of every pass, is removed.
+        """
+        if self._armed_arrays is None:
+            callback.set_solver_pre_hook(self._hook_key, self._before_solver)
+            callback.set_function_post_hook(self._hook_key, self._saw_pass)
+            self._watching = True
+        elif self._watching and self._reduced:
+            callback.unset_function_post_hook(self._hook_key)
+            self._watching = False
+        self._armed_arrays, self._armed_division, self._armed_scale = arrays, division, scale
+        self._pending, self._reduced = True, False
+
+    def _saw_pass(self, function: Any) -> None:
+        """nnabla's hook after each function of any forward or backward pass."""
+        self._pending = True
+
+    def _before_solver(self) -> None:
+        """nnabla's hook before a solver processes each parameter: the first call while a
+        reduction is due runs it, the others find nothing due."""
+        if not self._pending:
+            return
+        try:
+            if self._armed_scale != 1.0:
+                for array in self._armed_arrays:
+                    array *= self._armed_scale
+            self.all_reduce(self._armed_arrays, division=self._armed_division, inplace=True)
+        except BaseException:
+            # nnabla goes on with the solver's operation after a hook raised: the
+            # parameters would move by this rank's own gradients. End the job instead.
+            logger.error(f"rank {self.rank} of {self.size}: the all-reduce "
+                         f"armed by all_reduce_callback() failed inside nnabla's solver "
+                         f"hook, where an error cannot stop the solver; aborting the MPI "
+                         f"job (error code 1)\n{traceback.format_exc()}")
+            hard_abort(self._comm.Abort, 1)
+        finally:
+            self._pending = False    # after the reduce: never a second one for this pass
+            self._reduced = True

@@ -39,16 +39,9 @@ class SharedArrays:
             self.starts.append(off)
             self.stops.append(off + n)
             off += padded(n)
-        self.total = off
-        info = MPI.Info.Create()
-        info.Set("alloc_shared_noncontig", "true")
-        try:
-            win = MPI.Win.Allocate_shared(max(off, 1) * 4, 4, info=info, comm=comm)
-        finally:
-            info.Free()
+        win, parts = allocate_shared(MPI, comm, max(off, 1) * 4, 4)
         SharedArrays._windows.append(win)
-        self.areas = [np.frombuffer(win.Shared_query(j)[0], np.float32)[:off]
-                      for j in range(comm.Get_size())]
+        self.areas = [part.view(np.float32)[:off] for part in parts]
         mine = self.areas[comm.Get_rank()]
         mine[:] = 0
         comm.Barrier()  # no rank reads another's copy before it is zeroed
@@ -78,12 +71,10 @@ class SharedArrays:
         if lay.converted or lay.dtype != self.dtype or not lay.ptrs:
             return None
         i0 = self._index.get(lay.ptrs[0])
-        if i0 is None or i0 + len(lay.ptrs) > len(self.ptrs):
-            return None
-        if lay.ptrs != self.ptrs[i0:i0 + len(lay.ptrs)]:
+        if i0 is None or lay.ptrs != self.ptrs[i0:i0 + len(lay.ptrs)]:
             return None
         i1 = i0 + len(lay.ptrs) - 1
-        if lay.stops[-1] != self.stops[i1] - self.starts[i0] - _gaps(self, i0, i1):
+        if lay.stops[-1] != sum(self.stops[i] - self.starts[i] for i in range(i0, i1 + 1)):
             return None
         return self, self.starts[i0], self.stops[i1]
 
@@ -93,6 +84,14 @@ def padded(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _gaps(shared: SharedArrays, i0: int, i1: int) -> int:
-    """Padding elements between arrays ``i0`` and ``i1`` of ``shared``."""
-    return sum(shared.starts[i + 1] - shared.stops[i] for i in range(i0, i1))
+def allocate_shared(MPI, comm, nbytes: int, disp_unit: int):
+    """``(window, parts)``: an MPI shared-memory window to which this rank brings
+    ``nbytes`` (on pages of its own), and every rank's part of it as bytes, in rank order."""
+    info = MPI.Info.Create()
+    info.Set("alloc_shared_noncontig", "true")
+    try:
+        win = MPI.Win.Allocate_shared(nbytes, disp_unit, info=info, comm=comm)
+    finally:
+        info.Free()
+    return win, [np.frombuffer(win.Shared_query(j)[0], np.uint8)
+                 for j in range(comm.Get_size())]

@@ -2,14 +2,14 @@
 :meth:`nnabla_mpt.MPICommunicator.share_grads`.
 
 :class:`SharedGradients` places the parameters' gradients in a shared-memory window and
-keeps them there; :func:`shortfall` checks first that the window fits in the memory the
+keeps them there; ``shared_memory_shortfall`` checks first that the window fits in the memory the
 ranks can get (:mod:`~nnabla_mpt.distributed.memory_room`), where it would otherwise end the
 job with ``SIGBUS`` or the out-of-memory killer.
-:class:`GradientWindows` holds a communicator's windows and finds the arrays of an
-all-reduce in them. :class:`ShareGrads` gives :class:`~nnabla_mpt.MPICommunicator` its
-``share_grads`` and ``shared_memory_shortfall``.
+:class:`ShareGrads` gives :class:`~nnabla_mpt.MPICommunicator` its ``share_grads`` and
+``shared_memory_shortfall``; the communicator keeps its windows, in which its
+``all_reduce`` finds the arrays it is given.
 """
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
@@ -18,7 +18,6 @@ from nnabla.logger import logger
 
 from . import memory_room
 from .collective_timeout import timed
-from .fused_buffer import Layout
 from .shared_arrays import SharedArrays, padded
 
 __all__ = ["SharedGradients"]
@@ -48,54 +47,6 @@ def parameter_variables(params: Union[Dict[str, Any], Sequence[Any]]) -> List["n
     return [v for _, v in items]
 
 
-def shortfall(variables: Sequence["nn.Variable"], mpi_comm: Any, local_size: int) -> str:
-    """Why the gradients of ``variables`` would not fit in the shared memory of the
-    ``local_size`` ranks of this machine, or ``""`` if they fit
-    (:func:`nnabla_mpt.distributed.memory_room.shortfall`: agreed by the ranks of
-    ``mpi_comm``).
-    """
-    per_rank = 4 * sum(padded(int(v.size)) for v in variables)
-    missing = memory_room.shortfall(f"the gradients ({memory_room.mib(per_rank)} a rank)",
-                                    per_rank * local_size, local_size, mpi_comm)
-    if not missing:
-        return ""
-    return (f"{missing}; make room (free memory, or a container's --shm-size and memory "
-            f"limit) or do not share the gradients")
-
-
-class GradientWindows:
-    """The shared-memory windows of one communicator's :class:`SharedGradients`.
-
-    Each :meth:`MPICommunicator.share_grads` call allocates one; the communicator's
-    :meth:`~MPICommunicator.all_reduce` asks :meth:`locate` whether the arrays it was
-    given lie in one of them, to sum them there.
-    """
-
-    def __init__(self, MPI: Any, comm: Any, ctx: Any) -> None:
-        self._MPI = MPI
-        self._comm = comm
-        self._ctx = ctx
-        self._windows: List[SharedArrays] = []
-        self._allocated = 0
-
-    def allocate(self, shapes: List[tuple]) -> SharedArrays:
-        """A new window of float32 arrays of ``shapes`` (collective: every rank allocates
-        the same shapes, in the same order relative to its other allocations)."""
-        self._allocated += 1
-        window = SharedArrays(self._MPI, self._comm, shapes, self._allocated, self._ctx)
-        self._windows.append(window)
-        return window
-
-    def locate(self, lay: Layout) -> Optional[tuple]:
-        """The place of ``lay``'s arrays in one of the windows, ``(window, lo, hi)`` (see
-        :meth:`SharedArrays.locate`), or None if no window holds them."""
-        for window in self._windows:
-            place = window.locate(lay)
-            if place is not None:
-                return place
-        return None
-
-
 class SharedGradients:
     """Gradients placed in shared memory by :meth:`MPICommunicator.share_grads`.
 
@@ -119,13 +70,16 @@ class SharedGradients:
     # warning says that the gradients keep leaving the shared memory.
     _WARN_AFTER = 3
 
-    def __init__(self, variables: List["nn.Variable"], windows: "GradientWindows") -> None:
-        """Place the gradients of ``variables`` (current values kept) in a new window of
-        ``windows`` (collective)."""
+    def __init__(self, variables: List["nn.Variable"], MPI: Any, comm: Any,
+                 windows: List[SharedArrays], ctx: Any) -> None:
+        """Place the gradients of ``variables`` (current values kept) in a new window
+        (collective), appended to the communicator's ``windows``."""
         self.variables = list(variables)
         self._placed = [i for i, v in enumerate(self.variables) if v.size > 0]
         self._empty = [v for v in self.variables if v.size == 0]
-        self._region = windows.allocate([self.variables[i].shape for i in self._placed])
+        self._region = SharedArrays(MPI, comm, [self.variables[i].shape for i in self._placed],
+                                    len(windows) + 1, ctx)
+        windows.append(self._region)
         for k, i in enumerate(self._placed):
             v = self.variables[i]
             current = np.array(v.g, dtype=np.float32)  # kept
@@ -216,7 +170,8 @@ class ShareGrads:
         missing = self.shared_memory_shortfall(variables)
         if missing:
             raise ValueError(f"share_grads: {missing}")
-        shared = SharedGradients(variables, self._windows)
+        shared = SharedGradients(variables, self._MPI, self._comm, self._windows,
+                                 self._host_ctx)
         self.n_collectives += 1  # the barrier after zeroing the window
         return shared
 
@@ -236,4 +191,11 @@ class ShareGrads:
         collective), so that they all decide alike.
         """
         self.n_collectives += 1  # the ranks' agreement on the answer
-        return shortfall(variables, self._comm, self._local_size)
+        per_rank = 4 * sum(padded(int(v.size)) for v in variables)
+        missing = memory_room.shortfall(f"the gradients ({memory_room.mib(per_rank)} a rank)",
+                                        per_rank * self._local_size, self._local_size,
+                                        self._comm)
+        if not missing:
+            return ""
+        return (f"{missing}; make room (free memory, or a container's --shm-size and memory "
+                f"limit) or do not share the gradients")

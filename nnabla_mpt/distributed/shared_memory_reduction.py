@@ -6,7 +6,7 @@ from typing import List
 import numpy as np
 
 from .fused_buffer import Layout, check_signatures, gather, scatter, signature
-from .shared_arrays import SharedArrays
+from .shared_arrays import SharedArrays, allocate_shared
 
 # Bytes of shared memory per input area; one area per rank plus one result area.
 SHM_NODE_BUDGET_BYTES = 48 << 20
@@ -82,15 +82,8 @@ class SharedMemoryReduction:
         self._rank = comm.Get_rank()
         self.area_bytes = shm_area_bytes(self._size)
         own = _HEADER_BYTES + self.area_bytes * (2 if self._rank == 0 else 1)
-        info = MPI.Info.Create()
-        info.Set("alloc_shared_noncontig", "true")  # each rank's part on its own pages
-        try:
-            self._win = MPI.Win.Allocate_shared(own, 1, info=info, comm=comm)
-        finally:
-            info.Free()
+        self._win, mems = allocate_shared(MPI, comm, own, 1)
         self._win.Lock_all()  # a passive-target epoch for Win.Sync, held for good
-        mems = [np.frombuffer(self._win.Shared_query(j)[0], np.uint8)
-                for j in range(self._size)]
         h, a = _HEADER_BYTES, self.area_bytes
         self._headers = [m[:h].view(np.int64).reshape(2, _HEADER_INTS) for m in mems]
         self._inputs = [m[h:h + a] for m in mems]

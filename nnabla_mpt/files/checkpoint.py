@@ -101,7 +101,7 @@ def load(path: str, params: Mapping[str, Any], solver,
     meta, data = _read(path, params, states)
     _check_finite(path, data)
     try:
-        check_updater_state(meta["updater"])
+        updater_state = check_updater_state(meta["updater"])
     except (TypeError, ValueError) as error:
         raise ValueError(f"the updater state in {path!r} does not fit this updater: "
                          f"{error}") from error
@@ -113,7 +113,7 @@ def load(path: str, params: Mapping[str, Any], solver,
             var.d = data[f"solver/{name}/{key}"]
         st.t = meta["solver"][name]["t"]
     solver.set_states(states)
-    return meta["updater"]
+    return updater_state
 
 
 def _corrupted(path: str, what: Any) -> ValueError:
@@ -175,10 +175,8 @@ def _meta_bytes(path: str, archive: zipfile.ZipFile, found: Mapping[str, Tuple[A
         return array(archive, info, header)
 
 
-def _decoded_meta(path: str, raw: Any) -> Dict[str, Any]:
+def _decoded_meta(path: str, raw: np.ndarray) -> Dict[str, Any]:
     """The metadata from the archive's ``meta`` bytes, checked for format and layout."""
-    if not (isinstance(raw, np.ndarray) and raw.dtype == np.uint8 and raw.ndim == 1):
-        raise _corrupted(path, "its metadata is not an array of bytes")
     try:
         meta = json.loads(raw.tobytes().decode("utf-8"))
     except ValueError as error:           # UnicodeDecodeError, JSONDecodeError too
@@ -235,12 +233,9 @@ def _check_headers(path: str, found: Mapping[str, Tuple[Any, Header]],
     """The archive holds every array the metadata lists, and no other, each a float array
     in the shape of the solver's: checked from the headers, before any array is read."""
     arrays = {key: header for key, (_, header) in found.items() if key != "meta"}
-    missing = sorted(set(shapes) - set(arrays))
-    unknown = sorted(set(arrays) - set(shapes))
-    if missing or unknown:
-        parts = [f"{what} {names}" for what, names in
-                 (("missing arrays", missing), ("arrays it does not list", unknown)) if names]
-        raise _corrupted(path, f"its arrays do not match its metadata: {'; '.join(parts)}")
+    why = check.mismatch(shapes, arrays, "missing arrays", "arrays it does not list")
+    if why:
+        raise _corrupted(path, f"its arrays do not match its metadata: {why}")
     wrong = [f"{key}: {arrays[key].dtype}" for key in shapes if arrays[key].dtype.kind != "f"]
     if wrong:
         raise _corrupted(path, f"arrays that are not floating point: {'; '.join(wrong)}")

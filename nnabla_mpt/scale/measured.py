@@ -174,37 +174,12 @@ class ScaleMeter:
         self.calibration_pending = calibrate
         self.history = ScaleHistory()
 
-    def before_passes(self, index: int, data_feeder: Optional[Callable[[], Any]],
-                      zero_grads: Callable[[], None],
-                      forward: Callable[[], None]
-                      ) -> Tuple[bool, Optional[float], Optional[RangeWatch]]:
-        """Before the backward passes of step ``index``: ``(fed, start, watch)``. Where
-        ``scale="auto"`` is still to measure, the first micro-batch is fed and forwarded
-        and the start measured on it (:meth:`calibrate`; ``fed``: the step's first
-        micro-batch is ready; ``start``: the scale the policy is to start from, None where
-        nothing was measured); ``watch`` watches the step's backward passes where measured
-        growth looks (:meth:`growth_watch`), else None."""
-        fed = self.calibration_pending
-        start = self.calibrate(data_feeder, forward, zero_grads) if fed else None
-        return fed, start, self.growth_watch(index)
-
-    def what_held(self, before: float, after: float, room: Optional[float],
-                  free: Optional[float]) -> Optional[str]:
-        """What held the scale at a measured growth point that moved it from ``before``
-        to ``after`` with the ``room`` and ``free`` of :meth:`settled`, short of the room
-        (:meth:`~nnabla_mpt.scale.scale_history.GrowthLimit.held_by`); None where nothing was
-        measured or the scale grew as far as the room allows."""
-        if room is None:
-            return None
-        return self.limit.held_by(before, after, room, free, self.history.margin())
-
     def growth_watch(self, index: int) -> Optional[RangeWatch]:
         """A watch for the backward passes of step ``index`` in ``"measured"`` mode: where
         growth is due, and for the history every
         :data:`~nnabla_mpt.scale.scale_history.WATCH_EVERY`-th step and every step while it
         holds fewer than :data:`~nnabla_mpt.scale.scale_history.MIN_SAMPLES` passes."""
-        if getattr(self._policy, "growth_mode", None) == "measured" and (
-                self._policy.growth_due or (index + 1) % WATCH_EVERY == 0
+        if (self._policy.growth_due or (index + 1) % WATCH_EVERY == 0
                 or len(self.history) < MIN_SAMPLES):
             return RangeWatch(self._loss, self._ctx)
         return None
@@ -254,7 +229,7 @@ class ScaleMeter:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned (``state`` as
-        :func:`~nnabla_mpt.updater_state.checked` returns it: checked, may hold more)."""
+        :func:`~nnabla_mpt.updater_state.check_all` returns it: checked, holds more)."""
         self.calibration_pending = state["calibration_pending"]
         self.history.load(state["scale_history"])
 

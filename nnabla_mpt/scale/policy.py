@@ -237,10 +237,7 @@ class DynamicLossScale:
         now = self._now
         return {"version": _DYNAMIC_STATE_VERSION, "kind": self.kind, "scale": now.scale,
                 "good_steps": now.good_steps, "hysteresis_left": now.hysteresis_left,
-                "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
-                "growth_interval": self.growth_interval, "hysteresis": self.hysteresis,
-                "min_scale": self.min_scale, "max_scale": self.max_scale,
-                "growth_mode": self.growth_mode}
+                **{name: getattr(self, name) for name in self.SETTINGS}}
 
     def load_state_dict(self, state: Mapping[str, Any], *, name: str = "state") -> None:
         """Restores what :meth:`state_dict` returned; all or nothing.

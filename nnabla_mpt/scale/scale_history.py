@@ -192,7 +192,9 @@ class GrowthLimit:
             if left >= 2.0 ** ROOM_WORTH_SAYING:
                 self._say(after, left, margin)
             return "ceiling"
-        reachable = _reachable(before, room, factor)
+        # the scale the room allows from before, as the policy counts its growth
+        reachable = math.inf if math.isinf(room) else before * factor ** growth_factors(room,
+                                                                                      factor)
         if reachable <= before:
             return "gradients" if after <= before else None
         return "max_scale" if after < reachable else None
@@ -215,10 +217,3 @@ class GrowthLimit:
             f"a float context (F.identity(logits), then the loss); the gradients stay "
             f"float16 and bounded by it (see the measured-scaling page)")
 
-
-def _reachable(before: float, room: float, factor: float) -> float:
-    """The scale ``room`` allows from ``before``, as the policy counts its growth
-    (:func:`~nnabla_mpt.scale.policy.growth_factors`); ``inf`` where the room is."""
-    if math.isinf(room):
-        return math.inf
-    return before * factor ** growth_factors(room, factor)

@@ -26,7 +26,6 @@ from nnabla.logger import logger
 
 from ..diagnosis import diagnosis
 from ..diagnosis.report import LossScaleCollapseError, OverflowReport
-from ..scale.policy import DynamicLossScale
 from .decision import Outcome
 from .detector import BatchCheck, OverflowDetector
 from .overflow_handling import OverflowHandling
@@ -85,6 +84,7 @@ class CollapseWatch:
         self.longest_overflow_streak = max(self.longest_overflow_streak, self.overflow_streak)
         if self.overflow_streak == 1:
             self._streak_diagnosed = self._streak_reported = False
+            self._nonfinite_losses = 0
 
     def after_skip(self, index: int, scale: float, next_scale: float, loss,
                    at_floor: bool, outcome: Outcome) -> None:
@@ -96,10 +96,8 @@ class CollapseWatch:
             self._log_bad_batch(index, scale, self._batch.nonfinite(loss))
             self._warn_state(index, self._batch.nonfinite_state(loss))
             return
-        if logger.isEnabledFor(logging.DEBUG):
+        if logger.isEnabledFor(logging.DEBUG):      # counting reads every gradient
             self._log_skip(index, scale, next_scale, loss_nonfinite)
-        if self.overflow_streak == 1:
-            self._nonfinite_losses = 0
         self._nonfinite_losses += bool(loss_nonfinite)
         if self.floor_policy == "ignore" or self._streak_reported:
             return
@@ -115,8 +113,7 @@ class CollapseWatch:
                 "lowering the loss scale.")
         self.last_report = report
         pure_overflow = self._agree(report)
-        if (pure_overflow and isinstance(self._policy, DynamicLossScale)
-                and not self._policy.at_min_scale):
+        if pure_overflow and self._policy.kind == "dynamic" and not self._policy.at_min_scale:
             # Pure overflow while the scale can still back off: the policy is doing its
             # job (e.g. an initial scale far too high); the floor will call again if not.
             where = (f"{report.function} in backward" if report.kind == "overflow"
@@ -157,8 +154,6 @@ class CollapseWatch:
 
     def _log_skip(self, index: int, scale: float, next_scale: float,
                   loss_nonfinite: bool) -> None:
-        if not logger.isEnabledFor(logging.DEBUG):
-            return      # counting reads every gradient to the host
         bad = len(self._detector.nonfinite_params(self._params))
         what = "non-finite" if self._detector.mode == "inf_nan" else "saturated"
         elsewhere = "" if bad else " here (another rank's, or the gradient norm is not finite)"

@@ -201,10 +201,8 @@ class BatchCheck:
     """
 
     def __init__(self, losses: Sequence, params: Dict[str, object]) -> None:
-        self._inputs = [(loss, graph.data_inputs(loss, params)) for loss in losses
-                        if loss is not None]
-        self._state = [(loss, graph.registered_state(loss, params)) for loss in losses
-                       if loss is not None]
+        self._inputs = [(loss, graph.data_inputs(loss, params)) for loss in losses]
+        self._state = [(loss, graph.registered_state(loss, params)) for loss in losses]
 
     def nonfinite(self, loss) -> List[str]:
         """The inputs of the graph of ``loss`` (one of ``losses``) that hold inf/NaN, named

@@ -10,7 +10,7 @@ raise a ``TypeError`` naming only the callable); one that returns something,
 the batch, as a PyTorch loop would, is warned about at its first call: the step would
 train on whatever the inputs held before.
 
-The updater calls :func:`first_call_checked`'s wrapper once, which then puts the feeder
+The updater calls the wrapper :func:`install_feeder` makes once, which then puts the feeder
 itself in its place: the steps after the first call the feeder as they would without the
 check.
 
@@ -166,14 +166,13 @@ class LossRecorder:
         self.loss = loss
         self._root = forward_root(loss, outputs)
         self._in_place = computed_in_place(loss)
-        self._accum_grad = accum_grad
-        # two steps' worth: the last result holds its step's losses while the next runs
-        self._ring = [self._new_losses(), self._new_losses()]
         self._turn = 0
+        self.set_accum_grad(accum_grad)
 
     def set_accum_grad(self, accum_grad: int) -> None:
         """Runs ``accum_grad`` forward passes a step from the next one on."""
         self._accum_grad = accum_grad
+        # two steps' worth: the last result holds its step's losses while the next runs
         self._ring = [self._new_losses(), self._new_losses()]
 
     def _new_losses(self) -> StepLosses:
@@ -296,29 +295,26 @@ def checked_feeder(name: str, feeder: Any) -> Optional[Callable[[], Any]]:
 
 def install_feeder(updater: Any, feeder: Optional[Callable[[], Any]]) -> None:
     """Makes ``feeder`` (checked) the feeder of ``updater``: kept in its ``_data_feeder``,
-    and in its ``_feed``, which the step calls, a wrapper that checks the feeder's first
-    return value (:func:`first_call_checked`)."""
+    and in its ``_feed``, which the step calls, a wrapper that calls it, warns once if it
+    returned anything but None, and puts ``feeder`` itself in ``updater._feed`` (unless
+    another feeder was set in between)."""
     updater._data_feeder = feeder
-    updater._feed = None if feeder is None else first_call_checked(updater, feeder,
-                                                                   "data_feeder")
+    if feeder is None:
+        updater._feed = None
+        return
 
-
-def first_call_checked(updater: Any, feeder: Callable[[], Any],
-                       name: str) -> Callable[[], Any]:
-    """A wrapper of ``feeder`` that calls it, warns once if it returned anything but
-    None, and puts ``feeder`` itself in ``updater._feed`` (unless another feeder was set
-    in between)."""
     def first_call() -> Any:
         result = feeder()
         if updater._feed is first_call:
             updater._feed = feeder
         if result is not None:
-            logger.warning(f"nnabla_mpt: {name}={feeder!r} returned a {type(result).__name__} "
-                           f"(not None), which the updater ignores: {name} must write the "
-                           f"batch into the graph's inputs (x.d = ...), not return it; the "
-                           f"step ran on whatever the inputs held before")
+            logger.warning(f"nnabla_mpt: data_feeder={feeder!r} returned a "
+                           f"{type(result).__name__} (not None), which the updater ignores: "
+                           f"data_feeder must write the batch into the graph's inputs "
+                           f"(x.d = ...), not return it; the step ran on whatever the inputs "
+                           f"held before")
         return result
-    return first_call
+    updater._feed = first_call
 
 
 class StaleInputs:

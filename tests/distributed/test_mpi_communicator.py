@@ -270,14 +270,14 @@ def test_single_process_reduce_and_bcast(solo):
     (lambda c, a: c.all_reduce(a, group="node0"), ValueError, ("group", "'world'", "'node0'")),
     (lambda c, a: c.bcast([a], src=1), ValueError, ("src", "rank", "[0, 0]", "1")),
     (lambda c, a: c.bcast([a], src=-1), ValueError, ("src", "rank", "[0, 0]", "-1")),
-    (lambda c, a: c.bcast([a], src=0.0), TypeError, ("src", "int", "float", "0.0")),
+    (lambda c, a: c.bcast([a], src=0.0), TypeError, ("src", "integer", "float", "0.0")),
     (lambda c, a: c.broadcast_parameters({"w": 1.0}), TypeError,
      ("params['w']", "nnabla.Variable", "nnabla.NdArray", "float")),
     (lambda c, a: c.broadcast_parameters({}), ValueError,
      ("params", "at least one parameter", "empty dict")),
     (lambda c, a: c.broadcast_parameters(a), TypeError,
      ("params", "dict", "nnabla.Variable", "NdArray", "<NdArray((2,))")),
-    (lambda c, a: c.abort("1"), TypeError, ("errorcode", "int", "str", "'1'")),
+    (lambda c, a: c.abort("1"), TypeError, ("errorcode", "integer", "str", "'1'")),
 ])
 def test_validation_messages(solo, call, exc, facts):
     import nnabla as nn

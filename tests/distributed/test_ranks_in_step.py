@@ -1,5 +1,5 @@
 """Ranks out of step are named, never paired silently: each step's all-reduce carries
-every rank's step index (``exchange.SummedFlags`` / ``SlottedFlags``), under real
+every rank's step index (``exchange.StepFlags``), under real
 ``mpiexec -n 3``, with MPICommunicator and with the stand-in for nnabla's communicator
 reducing in float16 (``mpi_workers/standins.py``)."""
 
