@@ -1,4 +1,6 @@
-"""Shared fixtures: every test starts and ends with a clean nnabla global state."""
+"""Shared fixtures: every test starts and ends with a clean nnabla global state; the
+nnabla logger's info lines, for the tests that read them (``info_log``)."""
+import logging
 import sys
 
 import pytest
@@ -22,3 +24,10 @@ def fresh_nnabla():
     _reset_nnabla()
     yield
     _reset_nnabla()
+
+
+@pytest.fixture
+def info_log(caplog):
+    """``caplog`` with the nnabla logger's info lines kept."""
+    caplog.set_level(logging.INFO, logger="nnabla")
+    return caplog

@@ -255,14 +255,15 @@ def _transport(exchanged: StepExchange, reduction: exchange.Reduction, with_grad
     buffer (:mod:`nnabla_mpt.distributed.packed` says why)."""
     comm = exchanged.comm
     flags = exchange.StepFlags(comm.rank, comm.size, exchanged.division, reduction.float16)
-    if with_gradients and not isinstance(comm, MPICommunicator):
-        if exchanged.shared_grads:
-            use_shared_grads(exchanged, ())   # raises, naming why
+    ours = isinstance(comm, MPICommunicator)
+    if exchanged.shared_grads and not ours:
+        use_shared_grads(exchanged, ())   # raises, naming why
+    if not with_gradients:
+        return ListTransport([nn.NdArray((flags.length,))]), None, flags
+    if not ours:
         packed = PackedArrays(exchanged.arrays(), flags.length,
                               graph.float_context(exchanged.loss))
         return packed, None, flags
-    if not with_gradients:
-        return ListTransport([nn.NdArray((flags.length,))]), None, flags
     carrier = nn.Variable((flags.length,))     # its gradient carries the flags
     placed = list(exchanged.params.values()) + [carrier]
     if use_shared_grads(exchanged, placed):

@@ -102,6 +102,18 @@ def test_shared_grads_true_is_refused_where_the_step_is_packed():
                                   reduction=GradientReduction(shared_grads=True))
 
 
+def test_shared_grads_true_is_refused_where_nnabla_s_callback_reduces():
+    """Reduced inside the backward pass by nnabla's callback, the gradients stay where
+    nnabla put them: shared_grads=True cannot be honoured and is refused, not ignored."""
+    net = Net("float")
+    with raises_naming(ValueError, "shared_grads=True", "cannot be honoured",
+                       "NcclCallbackLikeCommunicator", "share_grads"):
+        DynamicLossScalingUpdater(net.solver(), net.loss, net.feeder,
+                                  comm=NcclCallbackLikeCommunicator("float32"),
+                                  reduction=GradientReduction(backward_pack_size=8,
+                                                              shared_grads=True))
+
+
 def test_a_float32_sum_over_ranks_is_not_bounded_as_float16(tmp_path):
     """Two ranks on identical batches, summed (not averaged) by a float32 communicator,
     learning rate 0: each rank's own float16 gradients bound the scale as one process's

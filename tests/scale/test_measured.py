@@ -1,6 +1,5 @@
 """Measured loss scaling on real float16 graphs: the calibrated start (scale="auto"),
 measured growth, the gradient statistics, and their state across a checkpoint."""
-import logging
 import math
 
 import numpy as np
@@ -81,12 +80,6 @@ def room_by_history(reaches, cap, scale):
 
 def expected_start(room, probe=1.0, lower=1.0, upper=2.0 ** 15):
     return min(max(2.0 ** math.floor(math.log2(probe * room)), lower), upper)
-
-
-@pytest.fixture
-def info_log(caplog):
-    caplog.set_level(logging.INFO, logger="nnabla")
-    return caplog
 
 
 def messages(caplog):

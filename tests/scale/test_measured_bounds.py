@@ -3,10 +3,7 @@ gradients the seed bounds (no margin), the parameters' gradients bounded by the 
 they are computed in (float16 under a float32 loss), a float16 cap under a float32 loss,
 and the calibrated start's edge cases (gradients that vanish at the smallest scale, a
 room exactly at the lower bound, a probe that had to look higher)."""
-import logging
-
 import numpy as np
-import pytest
 
 import nnabla as nn
 import nnabla.functions as F
@@ -19,12 +16,6 @@ from support import Net, assert_names, context
 
 HALF, FLOAT = context("half"), context("float")
 FLOAT16_MAX = 65504.0
-
-
-@pytest.fixture
-def info_log(caplog):
-    caplog.set_level(logging.INFO, logger="nnabla")
-    return caplog
 
 
 def start_line(caplog):
