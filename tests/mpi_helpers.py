@@ -1,5 +1,4 @@
 """Run worker scripts under a real ``mpiexec`` (the one installed next to the test's Python)."""
-import itertools
 import json
 import os
 import signal
@@ -18,9 +17,6 @@ RANKS = [2, 3]  # the rank counts every MPI test runs with
 
 
 SHM = Path("/dev/shm")
-#: Marks the processes of one launch (in their environment), to find them after it.
-JOB_VARIABLE = "NNABLA_MPT_TEST_JOB"
-_JOBS = itertools.count()
 
 
 def _mpich_segments():
@@ -50,8 +46,6 @@ def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
     full_env = worker_env(os.environ)
     if env:
         full_env.update(env)
-    job = f"{os.getpid()}-{next(_JOBS)}"
-    full_env[JOB_VARIABLE] = job
     script = WORKERS / worker  # an absolute path stays as it is
     cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(script),
            *([] if outdir is None else [str(outdir)]), *map(str, args)]
@@ -63,48 +57,11 @@ def run_mpi(n, worker, outdir, *args, timeout=TIMEOUT, env=None):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        _end_job(job, before)
+        _remove_leftovers(before)
         raise
     if proc.returncode != 0:
-        _end_job(job, before)
+        _remove_leftovers(before)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _end_job(job, before):
-    """After a job that failed or hung: kills what is left of its processes (a rank may
-    outlive mpiexec by a moment, still holding its segments), waits until none is alive
-    (10 s at most), and removes the segments it left behind."""
-    deadline = time.monotonic() + 10
-    while True:
-        alive = _members(job)
-        if not alive or time.monotonic() > deadline:
-            break
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
-    _remove_leftovers(before)
-
-
-def _members(job):
-    """The live processes of ``job``: those whose environment carries its
-    :data:`JOB_VARIABLE` (mpiexec, its proxy and the ranks, which run in sessions of
-    their own); a zombie holds no memory."""
-    mark = f"{JOB_VARIABLE}={job}".encode()
-    members = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:         # gone, or not this user's
-            continue
-        if mark in environ and stat[stat.rindex(")") + 2] != "Z":
-            members.append(int(proc.name))
-    return members
 
 
 def _held_in_shm():
@@ -132,9 +89,10 @@ def _held_in_shm():
 def _remove_leftovers(before, settle=1.0):
     """An aborted MPICH job leaves its shared-memory segments behind. A segment that
     appeared while it ran and that no live process holds is one of them, and is removed;
-    one that a process still holds after ``settle`` seconds (a process that exits lets go
-    of its files last) belongs to another job running beside it (another test run on a
-    shared machine), whose ranks may still have to attach to it, and is kept."""
+    one that a process still holds after ``settle`` seconds (a rank may outlive mpiexec by
+    a moment, and an exiting process lets go of its files last) belongs to another job
+    running beside it (another test run on a shared machine), whose ranks may still have
+    to attach to it, and is kept."""
     deadline = time.monotonic() + settle
     while True:
         appeared, held = _mpich_segments() - before, _held_in_shm()
