@@ -15,7 +15,7 @@ value. Nothing is ignored.
 from typing import Any, Callable, Optional
 
 from .core import _validate as check
-from .scale.bounded_policy import fixed_policy
+from .scale.bounded_policy import FixedScale
 from .step.micro_batch import checked_feeder, install_feeder
 from .step.overflow_handling import FLOOR_POLICIES, OverflowHandling, check_retries
 
@@ -35,11 +35,6 @@ def checked_clip_grad_norm(value: Any) -> Optional[float]:
 def checked_accum_grad(value: Any) -> int:
     """``accum_grad``: an integer >= 1."""
     return check.integer("accum_grad", value, ge=1)
-
-
-def between_steps(updater: Any, name: str, value: Any):
-    """The context of assigning ``value`` to the setting ``name`` of ``updater``."""
-    return updater._lock.held(type(updater).__name__, f"{name} = {value!r}")
 
 
 _REBUILD = ("build a new updater with it (save_checkpoint, then load_checkpoint into the new "
@@ -63,20 +58,25 @@ def given(name: str, read: Callable[[Any], Any]) -> property:
                  f"pass {name}= to the constructor")
 
 
-def live(name: str, read: Callable[[Any], Any], apply: Callable[[Any, Any], None],
-         doc: str) -> property:
-    """A live setting: ``read(updater)`` gives it; an assignment runs ``apply(updater,
-    value)`` (which checks the value) between steps, under the step's lock
-    (:func:`between_steps`)."""
-    def assign(updater: Any, value: Any) -> None:
-        with between_steps(updater, name, value):
-            apply(updater, value)
-    return property(read, assign, doc=doc)
+def live(read: Callable[[Any], Any]) -> Callable[[Callable[[Any, Any], None]], property]:
+    """Makes the decorated ``apply(updater, value)`` (which checks the value) a live
+    setting of its name, documented by its docstring: ``read(updater)`` gives it; an
+    assignment runs ``apply`` between steps, under the step's lock (refused during
+    ``update()``, :class:`~nnabla_mpt.step_loop.StepLock`)."""
+    def setting(apply: Callable[[Any, Any], None]) -> property:
+        def assign(updater: Any, value: Any) -> None:
+            with updater._lock.held(type(updater).__name__, f"{apply.__name__} = {value!r}"):
+                apply(updater, value)
+        return property(read, assign, doc=apply.__doc__)
+    return setting
 
 
 # -- the live settings -------------------------------------------------------------------
 
-def _set_scale(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._next_scale)
+def scale(updater: Any, value: Any) -> None:
+    """The loss scale of the next step (1 once a precision schedule switched to full
+    precision; assignable until then, checked by the policy)."""
     if updater._switched():
         schedule = updater._schedule
         raise RuntimeError(f"updater.scale = {value!r} is refused: the precision schedule "
@@ -84,26 +84,22 @@ def _set_scale(updater: Any, value: Any) -> None:
                            f"{schedule.switch_step}; those steps run unscaled (scale 1), "
                            f"so there is no loss scale to set")
     if updater._policy.kind == "fixed":      # bounded as the constructor bounds it
-        fixed_policy(value, value, updater._dtype)
+        FixedScale(value).policy_for(updater._dtype)
     updater._policy.set_loss_scale(value)
     # it replaces a measurement of scale="auto" still due, which would override it
     updater._meter.calibration_pending = False
 
 
-scale = live("scale", lambda updater: updater._next_scale, _set_scale, doc=(
-    "The loss scale of the next step (1 once a precision schedule switched to full "
-    "precision; assignable until then, checked by the policy)."))
-
-
-def _set_data_feeder(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._data_feeder)
+def data_feeder(updater: Any, value: Any) -> None:
+    """The feeder given as ``data_feeder=`` (assignable, checked again)."""
     install_feeder(updater, checked_feeder("data_feeder", value))
 
 
-data_feeder = live("data_feeder", lambda updater: updater._data_feeder, _set_data_feeder,
-                   doc="The feeder given as ``data_feeder=`` (assignable, checked again).")
-
-
-def _set_accum_grad(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._accum_grad)
+def accum_grad(updater: Any, value: Any) -> None:
+    """Forward/backward passes whose gradients are summed per update (assignable, from the
+    next update())."""
     value = checked_accum_grad(value)
     updater._accum_grad = value
     for recorder, _ in updater._passes.values():
@@ -111,73 +107,50 @@ def _set_accum_grad(updater: Any, value: Any) -> None:
     updater._unscaler.set_accumulation(value, updater._average_accum)
 
 
-accum_grad = live("accum_grad", lambda updater: updater._accum_grad, _set_accum_grad, doc=(
-    "Forward/backward passes whose gradients are summed per update (assignable: from the "
-    "next update())."))
-
-
-def _set_average_accum(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._average_accum)
+def average_accum(updater: Any, value: Any) -> None:
+    """Whether the accumulated gradients are divided by ``accum_grad`` (assignable)."""
     updater._average_accum = check.boolean("average_accum", value)
     updater._unscaler.set_accumulation(updater._accum_grad, updater._average_accum)
 
 
-average_accum = live("average_accum", lambda updater: updater._average_accum,
-                     _set_average_accum, doc="Whether the accumulated gradients are divided "
-                                             "by ``accum_grad`` (assignable).")
-
-
-def _set_weight_decay(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._unscaler.weight_decay)
+def weight_decay(updater: Any, value: Any) -> None:
+    """Weight decay of the unscaled gradients, or None (assignable; a weight-decay schedule
+    takes effect from the next update())."""
     updater._unscaler.weight_decay = checked_weight_decay(value)
 
 
-weight_decay = live("weight_decay", lambda updater: updater._unscaler.weight_decay,
-                    _set_weight_decay, doc="Weight decay of the unscaled gradients, or None "
-                    "(assignable: a weight-decay schedule takes effect from the next update()).")
-
-
-def _set_clip_grad_norm(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._unscaler.clip)
+def clip_grad_norm(updater: Any, value: Any) -> None:
+    """The bound of the unscaled gradients' global L2 norm, or None (assignable)."""
     updater._unscaler.clip = checked_clip_grad_norm(value)
 
 
-clip_grad_norm = live("clip_grad_norm", lambda updater: updater._unscaler.clip,
-                      _set_clip_grad_norm, doc="The bound of the unscaled gradients' global "
-                                               "L2 norm, or None (assignable).")
-
-
-def _set_clear_buffer(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._clear_buffer)
+def clear_buffer(updater: Any, value: Any) -> None:
+    """Whether forward and backward free intermediate buffers (assignable)."""
     updater._clear_buffer = check.boolean("clear_buffer", value)
 
 
-clear_buffer = live("clear_buffer", lambda updater: updater._clear_buffer, _set_clear_buffer,
-                    doc="Whether forward and backward free intermediate buffers (assignable).")
-
-
-def _set_max_retries(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._max_retries)
+def max_retries(updater: Any, value: Any) -> None:
+    """Retries of a skipped step within one update() (assignable)."""
     value = check.integer("max_retries", value, ge=0)
     check_retries(value, updater.enable_overflow_check)
     updater._max_retries = value
 
 
-max_retries = live("max_retries", lambda updater: updater._max_retries, _set_max_retries,
-                   doc="Retries of a skipped step within one update() (assignable).")
-
-
-def _set_floor_policy(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._collapse.floor_policy)
+def floor_policy(updater: Any, value: Any) -> None:
+    """What a collapse does, ``"raise"``, ``"warn"`` or ``"ignore"`` (assignable)."""
     updater._collapse.floor_policy = check.choice("floor_policy", value, FLOOR_POLICIES)
 
 
-floor_policy = live("floor_policy", lambda updater: updater._collapse.floor_policy,
-                    _set_floor_policy, doc="``\"raise\"``, ``\"warn\"`` or ``\"ignore\"``: what "
-                                           "a collapse does (assignable).")
-
-
-def _set_diagnose_after(updater: Any, value: Any) -> None:
+@live(lambda updater: updater._collapse.diagnose_after)
+def diagnose_after(updater: Any, value: Any) -> None:
+    """Consecutive overflowing steps that trigger the diagnosis (assignable)."""
     updater._collapse.diagnose_after = check.integer("diagnose_after", value, ge=1)
-
-
-diagnose_after = live("diagnose_after", lambda updater: updater._collapse.diagnose_after,
-                      _set_diagnose_after, doc="Consecutive overflowing steps that trigger "
-                                               "the diagnosis (assignable).")
 
 
 # -- what the step was built around --------------------------------------------------------

@@ -387,9 +387,8 @@ class _LossScalingUpdater:
         self._zero_grads()
         for i in range(self._accum_grad):
             if i or not fed:
-                feed = self._feed
-                if feed is not None:
-                    feed()
+                if self._feed is not None:
+                    self._feed()
                 recorder.forward(losses, i, clear)
             callbacks = reduce if i == last else None
             if watch is None:

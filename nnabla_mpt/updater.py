@@ -20,21 +20,13 @@ from .monitoring import checked_step_hook
 from .scale.bounded_policy import DynamicPolicyArguments, FixedScale
 from .scale.policy import DynamicLossScale, GrowthMode
 from .scale.precision import PrecisionSchedule
-from .settings import (between_steps, checked_accum_grad, checked_clip_grad_norm,
-                       checked_weight_decay, given)
+from .settings import (checked_accum_grad, checked_clip_grad_norm, checked_weight_decay,
+                       given, live)
 from .step.decision import StepResult
 from .step.micro_batch import checked_feeder, checked_outputs
 from .step.overflow_handling import OverflowHandling
 from .step.unscale import checked_lr_scheduler
 from .step_loop import _LossScalingUpdater
-
-
-def _instance(name: str, value: Any, cls: type) -> Any:
-    """``value``: None or a ``cls`` (one of the option objects)."""
-    if value is None or isinstance(value, cls):
-        return value
-    raise TypeError(f"{name} must be None or a nnabla_mpt.{cls.__name__}, got {value!r} "
-                    f"of type {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -78,14 +70,13 @@ class UpdaterOptions:
             "lr_scheduler": checked_lr_scheduler("lr_scheduler", self.lr_scheduler),
             "gradient_stats_every": (None if every is None else
                                      check.integer("gradient_stats_every", every, ge=1)),
-            "overflow": (_instance("overflow", self.overflow, OverflowHandling)
+            "overflow": (check.option("overflow", self.overflow, OverflowHandling)
                          or OverflowHandling()),
-            "reduction": (_instance("reduction", self.reduction, GradientReduction)
+            "reduction": (check.option("reduction", self.reduction, GradientReduction)
                           or GradientReduction()),
-            "schedule": _instance("schedule", self.schedule, PrecisionSchedule),
+            "schedule": check.option("schedule", self.schedule, PrecisionSchedule),
         }
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
+        self.__dict__.update(checked)          # frozen: set past its __setattr__
 
 
 
@@ -240,31 +231,21 @@ class DynamicLossScalingUpdater(_LossScalingUpdater):
                                          growth_mode=growth_mode, policy=policy)
         super().__init__(solver, loss, scaling, opts)
 
-    @property
-    def scaling_factor(self) -> float:
+    @live(lambda updater: updater._policy.growth_factor)
+    def scaling_factor(self, value: float) -> None:
         """Growth factor of the scale (assignable; also the back-off where it is
         ``1 / scaling_factor``, the default)."""
-        return self._policy.growth_factor
+        value = check.real("scaling_factor", value, gt=1.0)
+        policy = self._policy
+        if policy.backoff_factor == 1.0 / policy.growth_factor:   # the default: it follows
+            policy.backoff_factor = 1.0 / value
+        policy.growth_factor = value
 
-    @scaling_factor.setter
-    def scaling_factor(self, value: float) -> None:
-        with between_steps(self, "scaling_factor", value):
-            value = check.real("scaling_factor", value, gt=1.0)
-            policy = self._policy
-            if policy.backoff_factor == 1.0 / policy.growth_factor:   # the default: it follows
-                policy.backoff_factor = 1.0 / value
-            policy.growth_factor = value
-
-    @property
-    def N(self) -> int:
+    @live(lambda updater: updater._policy.growth_interval)
+    def N(self, value: int) -> None:
         """Consecutive good steps before the scale grows (assignable; a count already at
         the new N grows at the next good step)."""
-        return self._policy.growth_interval
-
-    @N.setter
-    def N(self, value: int) -> None:
-        with between_steps(self, "N", value):
-            self._policy.set_growth_interval(check.integer("N", value, ge=1))
+        self._policy.set_growth_interval(check.integer("N", value, ge=1))
 
     growth_mode = given("growth_mode", lambda updater: updater._policy.growth_mode)
 

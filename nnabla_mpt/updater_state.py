@@ -66,7 +66,7 @@ def check_all(updater: Any, state: Any) -> Dict[str, Any]:
     ``calibration_pending``, ``scale_history`` and ``precision``, the policy's state to
     load (``"policy"``, within the loss's dtype) and the values lowered to fit it
     (``"lowered"``, see :func:`within_dtype`)."""
-    name, policy, schedule = _owner(updater), updater._policy, updater._schedule
+    name, policy, schedule = type(updater).__name__, updater._policy, updater._schedule
     check.exact_keys("state", state, KEYS)
     check.version("state", state, VERSION)
     if state["updater"] != name:
@@ -172,10 +172,6 @@ def _shown(value: Any) -> str:
 
 # -- the updater's side: its methods (listed by name in the step loop's class) ----------
 
-def _owner(updater: Any) -> str:
-    return type(updater).__name__
-
-
 def state_dict(self) -> Dict[str, Any]:
     """The updater's whole state as plain Python values, versioned: the policy's (scale,
     counters, bounds), the precision schedule's, the updater's counters, whether
@@ -183,20 +179,16 @@ def state_dict(self) -> Dict[str, Any]:
     history (``scale_history``), all of one step: called from another thread during
     ``update()`` it waits for the step to end; from the step's own feeder or monitor it
     is refused (``RuntimeError``). Parameters and solver states: :meth:`save_checkpoint`."""
-    with self._lock.held(_owner(self), "state_dict()", save=True):
+    with self._lock.held(type(self).__name__, "state_dict()", save=True):
         return _state_of(self)
 
 
 def _state_of(self) -> Dict[str, Any]:
     """:func:`state_dict` with the updater to itself."""
-    return {"version": VERSION, "updater": _owner(self),
+    return {"version": VERSION, "updater": type(self).__name__,
             "policy": self._policy.state_dict(),
             "precision": None if self._schedule is None else self._schedule.state_dict(),
-            "steps": self._run.steps, "updates": self._run.updates,
-            "skipped_steps": self._run.skipped_steps,
-            "overflow_streak": self._collapse.overflow_streak,
-            "longest_overflow_streak": self._collapse.longest_overflow_streak,
-            "bad_batches": self._collapse.bad_batches,
+            **{name: getattr(self, name) for name in COUNTERS},      # as the updater shows them
             **self._meter.state_dict()}
 
 
@@ -215,7 +207,7 @@ def load_state_dict(self, state: Mapping[str, Any]) -> None:
         TypeError: a value has the wrong type (a counter that is no integer,
             ``calibration_pending`` that is no bool); the message names it.
     """
-    with self._lock.held(_owner(self), "load_state_dict()"):
+    with self._lock.held(type(self).__name__, "load_state_dict()"):
         _apply_state(self, check_all(self, state))
 
 
@@ -253,7 +245,7 @@ def save_checkpoint(self, path: str) -> None:
             is; checked first), or writing failed (the old file stays); names ``path``.
         RuntimeError: called from the feeder or the monitor of a running ``update()``.
     """
-    with self._lock.held(_owner(self), "save_checkpoint()", save=True):
+    with self._lock.held(type(self).__name__, "save_checkpoint()", save=True):
         checkpoint.save(path, self._params, self._solver, _state_of(self))
 
 
@@ -268,6 +260,6 @@ def load_checkpoint(self, path: str) -> None:
             NaN, or its parameters, solver states or updater state do not match this
             updater (the message names ``path`` and the arrays). Nothing is changed.
     """
-    with self._lock.held(_owner(self), "load_checkpoint()"):
+    with self._lock.held(type(self).__name__, "load_checkpoint()"):
         _apply_state(self, checkpoint.load(path, self._params, self._solver,
                                            lambda loaded: check_all(self, loaded)))

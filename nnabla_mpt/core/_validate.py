@@ -73,6 +73,15 @@ def boolean(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def option(name: str, value: Any, cls: type) -> Any:
+    """Returns ``value`` after checking it is None or a ``cls`` (one of the package's
+    option objects, named as ``nnabla_mpt.<cls>``)."""
+    if value is None or isinstance(value, cls):
+        return value
+    raise TypeError(f"{name} must be None or a nnabla_mpt.{cls.__name__}, got {value!r} "
+                    f"of type {type(value).__name__}")
+
+
 def choice(name: str, value: Any, allowed: Iterable[str]) -> str:
     allowed = tuple(allowed)
     if value not in allowed:

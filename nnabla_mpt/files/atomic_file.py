@@ -16,6 +16,7 @@
 
 Linux (and POSIX) only, as the rest of the package.
 """
+import contextlib
 import errno
 import fcntl
 import os
@@ -23,9 +24,6 @@ import stat
 from typing import BinaryIO, Callable
 
 from . import regular_file
-
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
 
 def write(path: str, fill: Callable[[BinaryIO], None], what: str) -> None:
     """Replaces the file at ``path`` (or at the target of the symlink ``path``) by what
@@ -89,12 +87,11 @@ def _open_temporary(temporary: str) -> int:
     """
     while True:
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | _CLOEXEC, 0o666)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
             created = True
         except FileExistsError:
             try:
-                fd = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | _CLOEXEC)
+                fd = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW)
             except FileNotFoundError:
                 continue                          # its save ended meanwhile
             created = False
@@ -116,28 +113,21 @@ def _names(path: str, fd: int) -> bool:
         named = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    opened = os.fstat(fd)
-    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+    return os.path.samestat(named, os.fstat(fd))
 
 
 def _keep_mode(fd: int, target: str) -> None:
     """Gives the new file the permission bits of the file it replaces, if there is one."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         mode = stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        return
-    os.fchmod(fd, mode)
+        os.fchmod(fd, mode)
 
 
 def _fsync_dir(path: str) -> None:
     """Flushes the directory entry of a renamed file, where the platform allows it."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

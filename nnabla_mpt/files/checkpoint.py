@@ -54,18 +54,25 @@ def save(path: str, params: Mapping[str, Any], solver, updater_state: Mapping) -
 def _gathered(params: Mapping[str, Any], solver,
               updater_state: Mapping) -> Dict[str, np.ndarray]:
     """The archive's arrays, ``meta`` included."""
-    arrays: Dict[str, np.ndarray] = {}
-    for name, v in params.items():
-        arrays[f"param/{name}"] = _copied(v)
-    solver_meta = {}
-    for name, st in solver.get_states().items():
-        solver_meta[name] = {"t": int(st.t), "keys": sorted(st.pstate)}
-        for key, var in st.pstate.items():
-            arrays[f"solver/{name}/{key}"] = _copied(var)
+    states = solver.get_states()
+    arrays: Dict[str, np.ndarray] = {key: _copied(v) for key, v in _members(params, states)}
+    solver_meta = {name: {"t": int(st.t), "keys": sorted(st.pstate)}
+                   for name, st in states.items()}
     meta = {"format": FORMAT, "version": VERSION, "updater": dict(updater_state),
             "solver": solver_meta, "params": list(params)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     return arrays
+
+
+def _members(params: Mapping[str, Any],
+             states: Mapping[str, Any]) -> Iterator[Tuple[str, Any]]:
+    """``(key, Variable)`` of every array a checkpoint of ``params`` and ``states`` (the
+    solver's) holds besides ``meta``: ``param/<name>``, then ``solver/<name>/<key>``."""
+    for name, v in params.items():
+        yield f"param/{name}", v
+    for name, st in states.items():
+        for key, var in st.pstate.items():
+            yield f"solver/{name}/{key}", var
 
 
 def _copied(v: Any) -> np.ndarray:
@@ -106,11 +113,9 @@ def load(path: str, params: Mapping[str, Any], solver,
         raise ValueError(f"the updater state in {path!r} does not fit this updater: "
                          f"{error}") from error
 
-    for name, v in params.items():
-        v.d = data[f"param/{name}"]
+    for key, var in _members(params, states):
+        var.d = data[key]
     for name, st in states.items():
-        for key, var in st.pstate.items():
-            var.d = data[f"solver/{name}/{key}"]
         st.t = meta["solver"][name]["t"]
     solver.set_states(states)
     return updater_state
@@ -147,7 +152,7 @@ def _read(path: str, params: Mapping[str, Any],
             meta = _decoded_meta(path, _meta_bytes(path, archive, found,
                                                    _meta_limit(params, states)))
             _check_names(path, meta, params, states)
-            shapes = _shapes(params, states)
+            shapes = {key: tuple(var.shape) for key, var in _members(params, states)}
             _check_headers(path, found, shapes)
             with _damage_named(path, "a damaged archive"):
                 return meta, {key: array(archive, *found[key]) for key in shapes}
@@ -217,15 +222,6 @@ def _check_names(path: str, meta: Mapping, params: Mapping[str, Any],
     for name, st in states.items():
         check.exact_keys(f"solver state {name!r} in {path!r}",
                          dict.fromkeys(meta["solver"][name]["keys"]), st.pstate)
-
-
-def _shapes(params: Mapping[str, Any], states: Mapping[str, Any]) -> Dict[str, Tuple]:
-    """The shape of every array a checkpoint of ``params`` and ``states`` holds, by key."""
-    shapes = {f"param/{name}": tuple(v.shape) for name, v in params.items()}
-    for name, st in states.items():
-        shapes.update((f"solver/{name}/{key}", tuple(var.shape))
-                      for key, var in st.pstate.items())
-    return shapes
 
 
 def _check_headers(path: str, found: Mapping[str, Tuple[Any, Header]],

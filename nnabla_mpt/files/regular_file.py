@@ -7,13 +7,13 @@ blocking and checks what it opened, so a FIFO never makes a load wait for a writ
 
 Linux (and POSIX) only, as the rest of the package.
 """
+import contextlib
 import errno
 import fcntl
 import os
 import stat
 from typing import BinaryIO
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 #: What is at a path that is not a regular file, by its ``stat`` test.
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -39,11 +39,9 @@ def refuse_other(mode: int, prefix: str) -> None:
 def check_existing(path: str, prefix: str) -> None:
     """Refuses what is at ``path`` (a symlink followed) unless it is a regular file or
     nothing (its folder may be missing too: the caller says so)."""
-    try:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    refuse_other(mode, prefix)
+        refuse_other(mode, prefix)
 
 
 def open_for_reading(path: str, prefix: str) -> BinaryIO:
@@ -58,7 +56,7 @@ def open_for_reading(path: str, prefix: str) -> BinaryIO:
         IsADirectoryError, OSError: what is there is not a regular file (:func:`refuse_other`).
     """
     refuse_other(os.stat(path).st_mode, prefix)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         refuse_other(os.fstat(fd).st_mode, prefix)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)

@@ -3,9 +3,6 @@ to root where a read-only file system or ``/proc`` still refuses."""
 import os
 import tempfile
 
-__all__ = ["cannot_write_in", "writable_folder"]
-
-
 def cannot_write_in(folder: str) -> str:
     """Why no file can be written in ``folder`` (the system's words), or ``""``."""
     try:

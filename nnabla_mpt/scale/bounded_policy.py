@@ -61,9 +61,7 @@ class DynamicPolicyArguments:
                              f"scale={self.scale!r}")
 
     def _check_policy(self) -> None:
-        if not isinstance(self.policy, DynamicLossScale):
-            raise TypeError(f"policy must be None or a nnabla_mpt.DynamicLossScale, got "
-                            f"{self.policy!r} of type {type(self.policy).__name__}")
+        check.option("policy", self.policy, DynamicLossScale)
         clash = [name for name, default in NNABLA_DEFAULTS.items()
                  if getattr(self, name) != default
                  and not (name == "scale" and self.scale == "auto")]
@@ -128,20 +126,15 @@ class FixedScale:
 
     def policy_for(self, dtype: FloatType) -> FixedLossScale:
         """The policy of the scale, which the loss's dtype ``dtype`` must be able to seed."""
-        return fixed_policy(self.scale, self.scale, dtype)
-
-
-def fixed_policy(scale: float, shown: Any, dtype: FloatType) -> FixedLossScale:
-    """The fixed updater's policy of ``scale`` (given as ``shown``), which the loss's dtype
-    ``dtype`` must be able to seed."""
-    policy = FixedLossScale(scale)
-    ceiling = dtype.max_power_of_two
-    if policy.loss_scale > ceiling:
-        raise ValueError(f"scale={shown!r} is above {ceiling:g}, the largest power "
-                         f"of two the loss's dtype holds: backward(scale) seeds the pass in "
-                         f"that dtype, so every step would overflow; use scale <= {ceiling:g}")
-    seedable("scale", shown, policy.loss_scale, dtype)
-    return policy
+        policy = FixedLossScale(self.scale)
+        ceiling = dtype.max_power_of_two
+        if policy.loss_scale > ceiling:
+            raise ValueError(f"scale={self.scale!r} is above {ceiling:g}, the largest power "
+                             f"of two the loss's dtype holds: backward(scale) seeds the pass "
+                             f"in that dtype, so every step would overflow; use scale <= "
+                             f"{ceiling:g}")
+        seedable("scale", self.scale, policy.loss_scale, dtype)
+        return policy
 
 
 def seedable(name: str, given: Any, value: Any, dtype: FloatType) -> None:

@@ -67,8 +67,7 @@ class OverflowHandling:
                                                 FLOOR_POLICIES),
                    "diagnose_after": check.integer(name + "diagnose_after",
                                                    self.diagnose_after, ge=1)}
-        for field, value in checked.items():
-            object.__setattr__(self, field, value)
+        self.__dict__.update(checked)          # frozen: set past its __setattr__
 
 
 def check_retries(max_retries: int, enable_overflow_check: bool) -> None:
