@@ -153,10 +153,8 @@ class LossScaleCallback:
         else:
             r = self._reduced_range
             self._reduced_last = scale
-        if scale < r[0]:
-            r[0] = scale
-        if scale > r[1]:
-            r[1] = scale
+        r[0] = min(r[0], scale)
+        r[1] = max(r[1], scale)
         if result.gradient_stats is not None:
             self._gradient_stats = result.gradient_stats
         if result.held_by == "ceiling":
@@ -250,11 +248,10 @@ class LossScaleMonitor(LossScaleCallback):
         if not isinstance(monitor, Monitor):
             raise TypeError(f"monitor must be an nnabla.monitor.Monitor, got {monitor!r} of "
                             f"type {type(monitor).__name__}")
-        verbose = check.boolean("verbose", verbose)
+        self._verbose = check.boolean("verbose", verbose)
         super().__init__(self._write, interval)
         self.monitor = monitor
         self.prefix = checked_prefix(prefix)
-        self._verbose = verbose
         self.append = check.boolean("append", append)
         self.series = {}
         for key in ("scale", "skipped-steps", "overflow-rate", "scale-first", "scale-min",

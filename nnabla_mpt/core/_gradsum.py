@@ -59,10 +59,8 @@ class _GradientGraph:
             self._total = self._combine([self._reduce(array) for array in self._arrays])
 
     def _forward(self) -> None:
-        for v, array in zip(self._variables, self._arrays):
-            if v.grad != array:
-                self._build()
-                break
+        if any(v.grad != array for v, array in zip(self._variables, self._arrays)):
+            self._build()
         self._total.forward(clear_buffer=self._clear_buffer)
 
     def read(self) -> float:
@@ -184,8 +182,7 @@ class _ScaledSquaresGraph(_GradientGraph):
             for x in matrices:
                 scaled = F.batch_matmul(x, diagonal)
                 grams.append(F.batch_matmul(scaled, scaled, transpose_a=True))
-            gram = grams[0] if len(grams) == 1 else F.add_n(*grams)
-            total = F.sum(F.matrix_diag_part(gram), axis=1, keepdims=True)
+            total = F.sum(F.matrix_diag_part(self._combine(grams)), axis=1, keepdims=True)
             self._total = F.concatenate(inverse, total)
 
     def read(self) -> float:
@@ -239,9 +236,7 @@ class SquaredNorm:
         """Computes the sum of squares now and returns it (NaN or inf when a gradient
         holds inf or NaN)."""
         total = 0.0 if self._graph is None else self._graph.read()
-        for v in self._large:
-            total += squared_norm_of(v.g)
-        return total
+        return sum((squared_norm_of(v.g) for v in self._large), total)
 
 
 class _SaturationGraph(_GradientGraph):

@@ -6,35 +6,30 @@ allowed. Pure Python: importable without nnabla.
 """
 import math
 import numbers
+import operator
 import os
 from typing import Any, Iterable, Mapping, Optional
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+#: The bounds :func:`real` checks, in the order of its keywords: as a message writes each,
+#: and its test.
+_BOUNDS = ((">", operator.gt), (">=", operator.ge), ("<", operator.lt), ("<=", operator.le))
 
 
 def real(name: str, value: Any, *, gt: Optional[float] = None, ge: Optional[float] = None,
          lt: Optional[float] = None, le: Optional[float] = None) -> float:
     """Returns ``value`` as a finite float after checking it against the given bounds."""
-    if not _is_real(value):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"{name} must be a real number, got {value!r} "
                         f"of type {type(value).__name__}")
     received, value = value, float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {received!r}")
-    bounds = []
-    if gt is not None:
-        bounds.append(f"> {gt:g}")
-    if ge is not None:
-        bounds.append(f">= {ge:g}")
-    if lt is not None:
-        bounds.append(f"< {lt:g}")
-    if le is not None:
-        bounds.append(f"<= {le:g}")
-    if ((gt is not None and not value > gt) or (ge is not None and not value >= ge)
-            or (lt is not None and not value < lt) or (le is not None and not value <= le)):
-        raise ValueError(f"{name} must be {' and '.join(bounds)}, got {received!r}")
+    bounds = [(sign, test, limit) for (sign, test), limit in zip(_BOUNDS, (gt, ge, lt, le))
+              if limit is not None]
+    if not all(test(value, limit) for _, test, limit in bounds):
+        shown = " and ".join(f"{sign} {limit:g}" for sign, _, limit in bounds)
+        raise ValueError(f"{name} must be {shown}, got {received!r}")
     return value
 
 

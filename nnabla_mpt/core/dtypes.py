@@ -76,15 +76,7 @@ def dtype_name(array: Any) -> str:
 def narrowest_float(dtypes: List[str]) -> Optional[str]:
     """The floating dtype name with the smallest range among ``dtypes``, or ``None``."""
     floats = [d for d in dtypes if d.startswith("float")]
-    if not floats:
-        return None
-    return min(floats, key=lambda d: float_type(d).max)
-
-
-def narrowest_float_max(dtypes: List[str]) -> Optional[float]:
-    """Largest finite value of :func:`narrowest_float` of ``dtypes``, or ``None``."""
-    name = narrowest_float(dtypes)
-    return float_type(name).max if name else None
+    return min(floats, key=lambda d: float_type(d).max, default=None)
 
 
 def array_stats(arr: Any) -> Tuple[int, float, float]:
@@ -92,14 +84,9 @@ def array_stats(arr: Any) -> Tuple[int, float, float]:
     import numpy as np
 
     a = np.asarray(arr)
-    if a.size == 0:
-        return 0, float("nan"), float("nan")
-    if a.dtype.kind not in "fc":
-        aa = np.abs(a)
-        return 0, float(aa.max()), float(aa.min())
-    fin = np.isfinite(a)
+    fin = np.isfinite(a)        # all True for integers and booleans
     bad = int(a.size - np.count_nonzero(fin))
-    if bad == a.size:
+    if bad == a.size:           # an empty array too
         return bad, float("nan"), float("nan")
     aa = np.abs(a[fin] if bad else a).astype(np.float64)
     return bad, float(aa.max()), float(aa.min())

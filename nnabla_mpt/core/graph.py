@@ -1,4 +1,5 @@
 """What the updaters read off a loss graph: its backend, its precision, its inputs."""
+import collections
 import functools
 from typing import Any, Dict, List, Mapping, Tuple
 
@@ -17,8 +18,7 @@ def type_config_of(loss) -> str:
     ``*:mixed_half``, so cudnn's ``mixed_half`` context (``cudnn:mixed_half, cudnn:half,
     ...``) runs in float16 and cuda's (``cuda:mixed_half, cuda:float, ...``) in float32.
     """
-    parent = loss.parent
-    return "float" if parent is None else context_type_config(parent.context)
+    return "float" if loss.parent is None else context_type_config(loss.parent.context)
 
 
 def context_type_config(ctx) -> str:
@@ -69,25 +69,21 @@ def gradient_dtypes(loss, params: Mapping) -> Dict[str, str]:
     whatever the loss's. A parameter the graph does not read has none."""
     names = {v: name for name, v in params.items()}
     found: Dict[str, str] = {}
-
-    def visit(f):
+    for f in graph_functions(loss):
         dtype = _DTYPES.get(context_type_config(f.context), "float32")
         for v in f.inputs:
             name = names.get(v)
             if name is not None and (name not in found or
                                      float_type(dtype).max < float_type(found[name]).max):
                 found[name] = dtype
-
-    loss.visit(visit)
     return found
 
 
 def gradient_precision(loss, params: Mapping) -> str:
     """``"half"`` when the graph of ``loss`` computes some parameter's gradient in float16
     (:func:`gradient_dtypes`) or the loss itself in float16, else ``"float"``."""
-    if precision_of(loss) == "half":
-        return "half"
-    return "half" if "float16" in gradient_dtypes(loss, params).values() else "float"
+    dtypes = {loss_dtype(loss), *gradient_dtypes(loss, params).values()}
+    return "half" if "float16" in dtypes else "float"
 
 
 def extension_of(loss) -> str:
@@ -106,29 +102,25 @@ def has_bfloat16(loss) -> bool:
     return True
 
 
+def graph_functions(loss) -> List:
+    """The functions of the graph of ``loss``, in the order nnabla visits them (forward)."""
+    found: List = []
+    loss.visit(found.append)
+    return found
+
+
 def graph_inputs(loss) -> Dict:
     """Every Variable some function of the graph of ``loss`` reads (parameters included), in
     the order the graph visits them: the keys of the dict returned (an ordered set)."""
-    seen = {}
-
-    def collect(f):
-        seen.update(dict.fromkeys(f.inputs))  # Variables hash and compare by the variable
-
-    loss.visit(collect)
-    return seen
+    # Variables hash and compare by the variable
+    return dict.fromkeys(v for f in graph_functions(loss) for v in f.inputs)
 
 
 def shared_parameters(loss, params: Mapping) -> List[str]:
     """The names of the parameters in ``params`` (name -> Variable) that more than one
     function of the graph of ``loss`` reads (tied weights, recurrent networks)."""
-    readers = {}
-
-    def count(f):
-        for v in set(f.inputs):
-            readers[v] = readers.get(v, 0) + 1
-
-    loss.visit(count)
-    return [name for name, v in params.items() if readers.get(v, 0) > 1]
+    readers = collections.Counter(v for f in graph_functions(loss) for v in set(f.inputs))
+    return [name for name, v in params.items() if readers[v] > 1]
 
 
 def data_inputs(loss, params: Mapping) -> List:
@@ -176,10 +168,9 @@ def float_context(loss):
     import nnabla as nn
     from nnabla.ext_utils import get_extension_context
 
-    parent = loss.parent
-    if parent is None:
+    if loss.parent is None:
         return get_extension_context("cpu", type_config="float")
-    ctx = parent.context
+    ctx = loss.parent.context
     backends = [f"{b.split(':', 1)[0]}:float" for b in ctx.backend]
     return nn.Context(list(dict.fromkeys(backends)), ctx.array_class, ctx.device_id)
 

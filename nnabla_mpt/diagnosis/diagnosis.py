@@ -25,8 +25,7 @@ import numpy as np
 
 from ..core import _validate as check
 from ..core import graph
-from ..core.dtypes import (FP16_MAX, array_stats, dtype_name, narrowest_float,
-                           narrowest_float_max)
+from ..core.dtypes import FP16_MAX, array_stats, dtype_name, float_type, narrowest_float
 from .forward_watch import ForwardWatch
 from .report import LossScaleCollapseError, OverflowReport, fmt_scale
 from .watch import BackwardWatch
@@ -77,51 +76,27 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
         ValueError: if ``scale`` is not finite and > 0, or ``chain_length`` < 1.
     """
     scale, params, chain_length = _checked_arguments(loss, scale, params, chain_length)
-    with _KeptState(loss):
-        return _replayed(loss, scale, params, chain_length)
+    with _Replay(loss, params) as replay:
+        return _replayed(replay, scale, chain_length)
 
 
-def _replayed(loss: Any, scale: float, params: Mapping[str, Any],
-              chain_length: int) -> OverflowReport:
+def _replayed(replay: "_Replay", scale: float, chain_length: int) -> OverflowReport:
     """The report of :func:`diagnose` from its replay of the batch (arguments checked)."""
-    forward = ForwardWatch(params).run(loss)
-    report = _forward_report(forward, loss, scale)
-    with _Replay(loss, params, forward) as replay:   # gradients are zero again on exit
-        at_scale = replay.backward(scale)
-        report.nonfinite_params = at_scale.bad_params
-        if _forward_is_to_blame(report, forward.culprit, at_scale):
-            _forward_finding(report, forward, forward.culprit, chain_length)
-        elif at_scale.origins:  # the same batch at scale 1: an overflow, or a model problem?
-            at_one = at_scale if scale == 1.0 else replay.backward(1.0)
-            _backward_finding(report, forward, at_scale, at_one, forward.culprit, chain_length)
-        elif forward.culprit is not None:
-            report.notes.append(_masked_and_harmless(forward.culprit))
-    return _closing_notes(report, params)
+    forward = ForwardWatch(replay.params).run(replay.loss)
+    report = _forward_report(forward, replay.loss, scale)
+    at_scale = replay.backward(scale)
+    report.nonfinite_params = at_scale.bad_params
+    if _forward_is_to_blame(report, forward.culprit, at_scale):
+        _forward_finding(report, forward, forward.culprit, chain_length)
+    elif at_scale.origins:  # the same batch at scale 1: an overflow, or a model problem?
+        at_one = at_scale if scale == 1.0 else replay.backward(1.0)
+        _backward_finding(report, forward, at_scale, at_one, forward.culprit, chain_length)
+    elif forward.culprit is not None:
+        report.notes.append(_masked_and_harmless(forward.culprit))
+    return _closing_notes(report, replay.params)
 
 
 # --------------------------------------------------------------------------- replay
-
-
-class _KeptState:
-    """The arrays of the graph of ``loss`` that training keeps and a replay would write:
-    those of the leaf variables that need no gradient (BatchNormalization's running
-    statistics are updated in place by every forward pass in training mode) and the
-    loss's own (the step's loss), copied on entry and written back bitwise, in the dtype
-    they held, on exit."""
-
-    def __init__(self, loss: Any) -> None:
-        kept = [v for v in graph.graph_inputs(loss) if v.parent is None and not v.need_grad]
-        self._arrays = [v.data for v in kept + [loss]]
-        self._saved: List[Tuple[Any, np.ndarray]] = []
-
-    def __enter__(self) -> "_KeptState":
-        self._saved = [(a, np.array(a.data, copy=True)) for a in self._arrays
-                       if dtype_name(a) != "uninitialized"]
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        for array, values in self._saved:
-            array.cast(values.dtype)[...] = values
 
 
 def _checked_arguments(loss: Any, scale: float, params: Optional[Mapping[str, Any]],
@@ -166,25 +141,36 @@ class _Backward:
 
 
 class _Replay:
-    """The graph under diagnosis: its loss, its named parameters and its forward watch.
+    """The graph under diagnosis: its loss, its named parameters, its leaf variables that
+    need a gradient (by hash), and the arrays that training keeps and a replay would write:
+    those of the leaf variables that need no gradient (BatchNormalization's running
+    statistics are updated in place by every forward pass in training mode) and the
+    loss's own (the step's loss), copied when it is made.
 
-    Used as a context manager, it leaves the gradients of the graph's leaf variables and of
-    the parameters zero on exit.
+    Used as a context manager, it leaves on exit the gradients of the graph's leaf
+    variables and of the parameters zero, and writes the copied arrays back bitwise, in the
+    dtype they held.
     """
 
-    def __init__(self, loss: Any, params: Mapping[str, Any], forward: ForwardWatch) -> None:
+    def __init__(self, loss: Any, params: Mapping[str, Any]) -> None:
         self.loss = loss
         self.params = params
-        self.forward = forward
+        leaves = [v for v in graph.graph_inputs(loss) if v.parent is None]
+        self.leaves = {hash(v): v for v in leaves if v.need_grad}
+        kept = [v.data for v in leaves if not v.need_grad] + [loss.data]
+        self._saved = [(a, np.array(a.data, copy=True)) for a in kept
+                       if dtype_name(a) != "uninitialized"]
 
     def __enter__(self) -> "_Replay":
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.zero_grads()
+        for array, values in self._saved:
+            array.cast(values.dtype)[...] = values
 
     def zero_grads(self) -> None:
-        for v in self.forward.leaves.values():
+        for v in self.leaves.values():
             v.grad.zero()
         for v in self.params.values():
             v.grad.zero()
@@ -194,7 +180,7 @@ class _Replay:
         self.zero_grads()
         watch = BackwardWatch().run(self.loss, scale)
         bad = [name for name, v in self.params.items()
-               if hash(v) in self.forward.leaves and array_stats(v.g)[0]]
+               if hash(v) in self.leaves and array_stats(v.g)[0]]
         return _Backward(watch, bad, watch.responsible([hash(self.params[n]) for n in bad]))
 
 
@@ -221,8 +207,7 @@ def _forward_finding(report: OverflowReport, forward: ForwardWatch, fwd: Dict[st
     says so (``at_any_scale``: even at scale 1).
     """
     report.kind, report.phase = fwd["kind"], "forward"
-    if fwd["kind"] == "data":
-        report.bad_leaves = list(fwd["bad_leaves"])
+    report.bad_leaves = list(fwd.get("bad_leaves", []))      # a data culprit's
     forward.describe(report, fwd, chain_length)
     if report.loss_finite and report.nonfinite_params:
         report.notes.append(
@@ -267,14 +252,15 @@ def _scale_findings(report: OverflowReport, forward: ForwardWatch, culprit: Dict
             "other functions whose overflow reaches the parameters: " + ", ".join(
                 f"{o['f'].info.type_name} (#{forward.position(o['f'])})"
                 for o in others) + ".")
-    gmax = narrowest_float_max(report.input_grad_dtypes)
+    narrowest = narrowest_float(report.input_grad_dtypes)
+    gmax = None if narrowest is None else float_type(narrowest).max
     grad_max_at_one = at_one.watch.grad_max
     if report.kind == "overflow" and gmax is not None and grad_max_at_one > 0:
         report.max_safe_scale = 2.0 ** math.floor(math.log2(gmax / grad_max_at_one))
     if gmax is not None and report.scale > gmax:
         report.notes.append(
             f"the scale {fmt_scale(report.scale)} itself is larger than the largest "
-            f"{narrowest_float(report.input_grad_dtypes)} value ({gmax:.6g}): the "
+            f"{narrowest} value ({gmax:.6g}): the "
             "gradient seeded into the backward pass cannot be represented, "
             "whatever the model does.")
 

@@ -10,6 +10,7 @@ a backward pass, which the measured scale uses on its steps too, are in
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -21,15 +22,11 @@ __all__ = ["ForwardWatch", "FunctionRecord"]
 
 
 def _scope_of(names: List[str]) -> Optional[str]:
+    """The parameter scope the parameters ``names`` share (the longest common run of their
+    scopes, element by element), else the first name; None for no parameter."""
     if not names:
         return None
-    parts = [n.split("/")[:-1] for n in names]
-    common: List[str] = []
-    for level in zip(*parts):
-        if all(p == level[0] for p in level):
-            common.append(level[0])
-        else:
-            break
+    common = os.path.commonprefix([n.split("/")[:-1] for n in names])
     return "/".join(common) if common else names[0]
 
 
@@ -47,8 +44,7 @@ class ForwardWatch(FunctionHooks):
     """Hooks for one forward pass: the graph as it runs, and the first inf/NaN in it.
 
     ``records`` lists the functions in execution order, ``producer`` maps an output
-    variable's hash to its function's position, ``leaves`` maps the hash of each leaf
-    variable that needs a gradient to the variable. ``culprit`` is ``None`` or a dict
+    variable's hash to its function's position. ``culprit`` is ``None`` or a dict
     with ``kind`` (``"data"``: a leaf variable already holds inf/NaN, ``"model"``: a
     function made inf/NaN from finite inputs), ``phase``, ``f``, ``index`` and, for
     ``"data"``, ``bad_leaves``.
@@ -64,7 +60,6 @@ class ForwardWatch(FunctionHooks):
         self.producer: Dict[int, int] = {}       # output hash -> forward index
         self.fwd_index: Dict[int, int] = {}      # function hash -> forward index
         self.finite: Dict[int, bool] = {}        # variable hash -> data all finite
-        self.leaves: Dict[int, Any] = {}         # leaf hash -> Variable (need_grad)
         self.leaf_names: Dict[int, str] = {}
         self.culprit: Optional[Dict[str, Any]] = None
 
@@ -94,13 +89,10 @@ class ForwardWatch(FunctionHooks):
 
     # hooks ------------------------------------------------------------------
     def on_pre(self, f: Any) -> None:
-        leaves = [v for v in f.inputs if v.parent is None]
-        for v in leaves:
-            if v.need_grad:
-                self.leaves.setdefault(hash(v), v)
         if self.culprit is not None:
             return
         bad = []
+        leaves = [v for v in f.inputs if v.parent is None]
         for v in leaves:
             h = hash(v)
             if h not in self.finite:
@@ -108,16 +100,14 @@ class ForwardWatch(FunctionHooks):
             if not self.finite[h]:
                 bad.append(self.name_of(v))
         if bad:
-            k = len(self.records)
-            self._add_record(f)
+            k = self._add_record(f)
             self.culprit = dict(kind="data", phase="forward", f=f, index=k,
                                 bad_leaves=bad)
 
     def on_post(self, f: Any, index: int) -> None:
         if hash(f) in self.fwd_index:   # recorded by on_pre (a data culprit)
             return
-        k = len(self.records)
-        self._add_record(f)
+        k = self._add_record(f)
         if self.culprit is not None:
             return
         outputs_finite = True
@@ -129,7 +119,8 @@ class ForwardWatch(FunctionHooks):
                                       for v in f.inputs):
             self.culprit = dict(kind="model", phase="forward", f=f, index=k)
 
-    def _add_record(self, f: Any) -> None:
+    def _add_record(self, f: Any) -> int:
+        """Records ``f`` as the next function of the pass; returns its position."""
         k = len(self.records)
         ins = [hash(v) for v in f.inputs]
         outs = [hash(v) for v in f.outputs]
@@ -139,6 +130,7 @@ class ForwardWatch(FunctionHooks):
         self.fwd_index[hash(f)] = k
         for h in outs:
             self.producer[h] = k
+        return k
 
     # description ------------------------------------------------------------
     def describe(self, report: OverflowReport, culprit: Dict[str, Any],
@@ -170,21 +162,22 @@ class ForwardWatch(FunctionHooks):
     def _path(self, k: int, chain_length: int) -> str:
         """Producing chain along the first input that has a producer, ending at ``k``."""
         chain = [k]
-        cur = k
-        while len(chain) < chain_length:
-            ups = [self.producer[h] for h in self.records[cur].inputs if h in self.producer]
-            if not ups:
-                break
-            cur = ups[0]
-            chain.append(cur)
-        truncated = len(chain) == chain_length and any(
-            h in self.producer for h in self.records[chain[-1]].inputs)
+        ups = self._producers(k)
+        while len(chain) < chain_length and ups:
+            chain.append(ups[0])
+            ups = self._producers(ups[0])
+        truncated = len(chain) == chain_length and bool(ups)
         parts = []
         for j in reversed(chain):
             rec = self.records[j]
             sc = _scope_of(rec.params)
             parts.append(f"{rec.type_name}#{j}" + (f"[{sc}]" if sc else ""))
         return ("... -> " if truncated else "") + " -> ".join(parts)
+
+    def _producers(self, j: int) -> List[int]:
+        """The positions of the functions producing the inputs of function ``j`` (those
+        that have one), in the order of its inputs."""
+        return [self.producer[h] for h in self.records[j].inputs if h in self.producer]
 
     def _scope(self, k: int) -> Tuple[Optional[str], bool]:
         """(scope, is upstream): own scope, else the nearest parametric function upstream
@@ -195,9 +188,8 @@ class ForwardWatch(FunctionHooks):
         seen, todo = set(), [k]
         while todo:
             j = todo.pop(0)
-            for h in self.records[j].inputs:
-                u = self.producer.get(h)
-                if u is None or u in seen:
+            for u in self._producers(j):
+                if u in seen:
                     continue
                 seen.add(u)
                 sc = _scope_of(self.records[u].params)

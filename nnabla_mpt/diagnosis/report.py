@@ -148,13 +148,11 @@ class OverflowReport:
                          "forward order" + (f", #{self.index} in backward order"
                                             if self.phase == "backward" else ""))
             for k, name in enumerate(self.input_names):
-                lines.append("    input {}: {} {} {}, max |x| {} (finite part), "
-                             "min |x| {}{}".format(
-                                 k, name, self.input_dtypes[k], self.input_shapes[k],
-                                 _fmt_num(self.input_max_abs[k]),
-                                 _fmt_num(self.input_min_abs[k]),
-                                 f", {self.input_nonfinite[k]} inf/NaN"
-                                 if self.input_nonfinite[k] else ""))
+                bad = f", {self.input_nonfinite[k]} inf/NaN" if self.input_nonfinite[k] else ""
+                lines.append(f"    input {k}: {name} {self.input_dtypes[k]} "
+                             f"{self.input_shapes[k]}, max |x| "
+                             f"{_fmt_num(self.input_max_abs[k])} (finite part), min |x| "
+                             f"{_fmt_num(self.input_min_abs[k])}{bad}")
             for k, shape in enumerate(self.output_shapes):
                 lines.append(f"    output {k}: {self.output_dtypes[k]} {shape}")
             if self.output_grad_max_abs:
@@ -228,13 +226,11 @@ class OverflowReport:
                     "reaches an update), a fixed scale with the check off is right: "
                     f"FixedLossScalingUpdater(solver, loss, feeder, scale={cap}, "
                     "enable_overflow_check=False).")
-        advice = _FUNCTION_ADVICE.get((self.function, self.phase)) or _FUNCTION_ADVICE.get(
-            (self.function, None))
-        if advice is None:
-            advice = (f"check the range of {self.function}'s inputs (see max |x| and min "
-                      "|x| above), clamp them, or compute this part of the graph in "
-                      "float32 (build it under a float context).")
-        return advice
+        return (_FUNCTION_ADVICE.get((self.function, self.phase))
+                or _FUNCTION_ADVICE.get((self.function, None))
+                or (f"check the range of {self.function}'s inputs (see max |x| and min "
+                    "|x| above), clamp them, or compute this part of the graph in "
+                    "float32 (build it under a float context)."))
 
 
 def _wrap(text: str, width: int = 88) -> List[str]:
@@ -258,15 +254,14 @@ def fmt_scale(s: Optional[float]) -> str:
     return f"{s:.10g}"
 
 
-_CLAMP_LOG = ("clamp the input of Log away from zero: F.log(F.maximum_scalar(x, eps)) "
-              "with eps around 1e-4 in float16; if x is a softmax output, use "
-              "F.log_softmax or F.softmax_cross_entropy, which never take the log of an "
-              "underflowed probability.")
 _RANGE = ("the result exceeds the float16 range (max 65504): normalize the inputs, reduce "
           "with a mean instead of a sum, or compute this part in float32 (build it under "
           "a float context).")
 _FUNCTION_ADVICE: Dict[Tuple[str, Optional[str]], str] = {
-    ("Log", None): _CLAMP_LOG,
+    ("Log", None): ("clamp the input of Log away from zero: F.log(F.maximum_scalar(x, eps)) "
+                    "with eps around 1e-4 in float16; if x is a softmax output, use "
+                    "F.log_softmax or F.softmax_cross_entropy, which never take the log of "
+                    "an underflowed probability."),
     ("Exp", None): ("exp overflows float16 above about 11.09: clamp the input with "
                     "F.exp(F.minimum_scalar(x, 11.0)) or use a fused function "
                     "(F.log_softmax, F.softplus)."),

@@ -36,19 +36,18 @@ class FunctionHooks:
         self.error: Optional[BaseException] = None
 
     def pre(self, f: Any) -> None:
-        if self.error is None:
-            try:
-                self.on_pre(f)
-            except BaseException as e:  # surfaced after the pass; nnabla would mask it
-                self.error = e
+        self._guarded(self.on_pre, f)
 
     def post(self, f: Any) -> None:
-        index = self.count
         self.count += 1
+        self._guarded(self.on_post, f, self.count - 1)
+
+    def _guarded(self, hook: Any, *args: Any) -> None:
+        """Calls ``hook(*args)`` unless a hook has failed already; keeps its error."""
         if self.error is None:
             try:
-                self.on_post(f, index)
-            except BaseException as e:
+                hook(*args)
+            except BaseException as e:  # surfaced after the pass; nnabla would mask it
                 self.error = e
 
     def raise_deferred(self) -> None:
@@ -124,8 +123,7 @@ class BackwardWatch(BackwardHooks):
                 self.turned_bad_by[h] = idx
                 newly = True
         for st in out + in_stats:
-            if not math.isnan(st[1]):
-                self.grad_max = max(self.grad_max, st[1])
+            self.grad_max = max(self.grad_max, st[1])   # NaN (no finite value) keeps it
         if newly:
             bad_out = [hash(v) for v, st in zip(f.outputs, out) if st[0]]
             self.bad_outputs[idx] = bad_out
@@ -139,19 +137,17 @@ class BackwardWatch(BackwardHooks):
     def responsible(self, var_hashes: List[int]) -> List[Dict[str, Any]]:
         """Origins whose non-finite gradients reach the given variables, in order."""
         by_index = {o["index"]: o for o in self.origins}
-        found, seen = set(), set()
+        seen = set()
         todo = [self.turned_bad_by[h] for h in var_hashes if h in self.turned_bad_by]
         while todo:
             g = todo.pop()
             if g in seen:
                 continue
             seen.add(g)
-            if g in by_index:
-                found.add(g)
-                continue
-            todo.extend(self.turned_bad_by[h] for h in self.bad_outputs.get(g, [])
-                        if h in self.turned_bad_by)
-        return [by_index[i] for i in sorted(found)]
+            if g not in by_index:     # an origin ends the trace; others pass it on
+                todo.extend(self.turned_bad_by[h] for h in self.bad_outputs.get(g, [])
+                            if h in self.turned_bad_by)
+        return [by_index[i] for i in sorted(seen & by_index.keys())]
 
 
 #: Functions whose backward pass cannot make a gradient larger than the largest gradient

@@ -35,10 +35,10 @@ TRIGGERS = {
 _SCHEDULE_STATE_VERSION = 1
 
 
-def _syntax() -> str:
-    return ("expected 'TYPE|TRIGGER|VALUE' with TYPE in {fast, fast1}, TRIGGER in "
-            "{step, loss}, VALUE optional (step: 0.2 to 0.9, default 0.9; loss: 1.01 to 1.5, "
-            "default 1.05), e.g. 'fast|step|0.9'")
+#: What a mode string looks like, for the message refusing a malformed one.
+_SYNTAX = ("expected 'TYPE|TRIGGER|VALUE' with TYPE in {fast, fast1}, TRIGGER in "
+           "{step, loss}, VALUE optional (step: 0.2 to 0.9, default 0.9; loss: 1.01 to 1.5, "
+           "default 1.05), e.g. 'fast|step|0.9'")
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class AccelerateTrainMode:
                             f"got {mode!r} of type {type(mode).__name__}")
         fields = mode.split("|")
         if mode.strip() == "" or not 2 <= len(fields) <= 3:
-            raise ValueError(f"mode={mode!r} is malformed: {_syntax()}")
+            raise ValueError(f"mode={mode!r} is malformed: {_SYNTAX}")
         kind, trigger = fields[0].strip(), fields[1].strip()
         if kind not in TYPES:
             raise ValueError(f"mode={mode!r}: TYPE must be 'fast' (float16) "
@@ -201,9 +201,7 @@ class PrecisionSchedule:
                 "switch_step": self.switch_step, "switch_loss": self.switch_loss}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        check.exact_keys("state['precision']", state,
-                         ("version", "mode", "total_steps", "final_loss", "switch_step",
-                          "switch_loss"))
+        check.exact_keys("state['precision']", state, self.state_dict())
         check.version("state['precision']", state, _SCHEDULE_STATE_VERSION)
         saved = (state["mode"], state["total_steps"], state["final_loss"])
         mine = (self.mode.text, self.total_steps, self.final_loss)
