@@ -1,7 +1,7 @@
 """The argument checks of the collectives (all_reduce, bcast, all_reduce_callback): the
-data as a list of NdArrays, the source rank, the group. Each raises ``TypeError`` or
-``ValueError`` naming the argument and the value."""
-from typing import Any, List
+data as a list of NdArrays, the parameters, the source rank, the group. Each raises
+``TypeError`` or ``ValueError`` naming the argument and the value."""
+from typing import Any, List, Tuple
 
 import nnabla as nn
 
@@ -29,6 +29,23 @@ def ndarray_list(data: Any, argname: str = "data") -> List["nn.NdArray"]:
             raise TypeError(f"{argname}[{i}] must be an nnabla.NdArray, got "
                             f"{type(a).__name__}{hint}")
     return list(data)
+
+
+def parameter_items(params: Any, kinds: str) -> List[Tuple[Any, Any]]:
+    """``(name, value)`` of every entry of ``params``, a dict of name to Variable (in its
+    order) or a list of ``kinds`` (by index), after checking that it is one of the two and
+    not empty."""
+    if isinstance(params, dict):
+        items = list(params.items())
+    elif isinstance(params, (list, tuple)):
+        items = list(enumerate(params))
+    else:
+        raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
+                        f"{kinds}, got {type(params).__name__}: {params!r}")
+    if not items:
+        raise ValueError(f"params must contain at least one parameter, got an empty "
+                         f"{type(params).__name__}")
+    return items
 
 
 def check_src(src: Any, size: int) -> None:

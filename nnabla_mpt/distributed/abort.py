@@ -105,7 +105,11 @@ def hard_abort(abort: Callable[[int], Any], errorcode: int) -> None:
     a collective its peers never reach, or into writing a checkpoint), so it exits at once,
     also if ``abort`` raised.
     """
-    _flush_std_streams()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or replaced stream must not stop the abort
+            pass
     # Give the launcher a moment to forward what this rank just wrote (the traceback):
     # the abort kills the processes that relay the output.
     time.sleep(_GRACE_SECONDS)
@@ -113,11 +117,3 @@ def hard_abort(abort: Callable[[int], Any], errorcode: int) -> None:
         abort(errorcode)
     finally:
         os._exit(errorcode)
-
-
-def _flush_std_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # a closed or replaced stream must not stop the abort
-            pass

@@ -111,8 +111,8 @@ class StepAgreement:
         overflow = self.check is not None and (flagged or (self.check_after or self.check)())
         if not overflow:
             return Outcome.UPDATED
-        bad_losses, bad_batches = self._count([not math.isfinite(losses.total()),
-                                               bool(self._batch.nonfinite(loss))])
+        bad_losses, bad_batches = self._sum([not math.isfinite(losses.total()),
+                                             bool(self._batch.nonfinite(loss))])
         return skipped_for(bad_losses > 0.0, bad_batches > 0.0)
 
     def agree_on_diagnosis(self, report) -> bool:
@@ -124,7 +124,7 @@ class StepAgreement:
         only) combines them: pure overflow when some rank reproduced an overflow that a
         smaller scale fixes and no rank found a data or model problem.
         """
-        overflow_votes, problem_votes = self._count(
+        overflow_votes, problem_votes = self._sum(
             [report.kind == "overflow", report.kind in ("data", "model")])
         if report.kind == "not_reproduced" and (overflow_votes > 0 or problem_votes > 0):
             report.notes.append(
@@ -141,15 +141,11 @@ class StepAgreement:
         every = slots.decode(self._sum(slots.encode(values)))
         return [[float(v) for v in column] for column in every.T]
 
-    def _count(self, votes: List[bool]) -> List[float]:
-        """For each question, how many ranks answered yes (one small all-reduce; exact in
-        float16 up to 2048 ranks)."""
-        return self._sum(np.array(votes, dtype=np.float32))
-
-    def _sum(self, values: np.ndarray) -> List[float]:
-        """``values`` summed over the ranks (one small all-reduce)."""
-        array = nn.NdArray(values.shape)
-        array.data = values
+    def _sum(self, values: Sequence[float]) -> List[float]:
+        """``values`` (float32 numbers, or votes: how many ranks answered yes to each
+        question, exact in float16 up to 2048 ranks) summed over the ranks (one small
+        all-reduce)."""
+        array = nn.NdArray.from_numpy_array(np.asarray(values, np.float32))
         self._comm.all_reduce([array], division=False, inplace=True)
         return [float(v) for v in array.data]
 

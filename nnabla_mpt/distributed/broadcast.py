@@ -16,7 +16,7 @@ import nnabla as nn
 
 from ..core._hostarray import dtype_of, host_view
 from ..core._validate import boolean
-from ._collective_args import check_group, check_src, ndarray_list
+from ._collective_args import check_group, check_src, ndarray_list, parameter_items
 from .collective_timeout import timed
 
 
@@ -24,30 +24,23 @@ def parameter_arrays(params: Union[Dict[str, Any], Sequence[Any]]
                      ) -> Tuple[Optional[List[str]], List["nn.NdArray"]]:
     """The names (sorted, or None for a list) and the data arrays of ``params``: a dict of
     name to Variable, or a list of Variables or NdArrays; with clear errors."""
+    items = parameter_items(params, "Variables/NdArrays")
+    names = None
     if isinstance(params, dict):
-        names = sorted(params)
+        items = sorted(items)     # by name: the names are unique
+        names = [k for k, _ in items]
         for k in names:
             if not isinstance(k, str):
                 raise TypeError(f"params keys must be str, got {type(k).__name__}: {k!r}")
-        values = [params[k] for k in names]
-    elif isinstance(params, (list, tuple)):
-        names, values = None, list(params)
-    else:
-        raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
-                        f"Variables/NdArrays, got {type(params).__name__}: {params!r}")
-    if not values:
-        raise ValueError(f"params must contain at least one parameter, got an empty "
-                         f"{type(params).__name__}")
     arrays = []
-    for i, v in enumerate(values):
+    for name, v in items:
         if isinstance(v, nn.Variable):
             arrays.append(v.data)
         elif isinstance(v, nn.NdArray):
             arrays.append(v)
         else:
-            where = f"params[{names[i]!r}]" if names is not None else f"params[{i}]"
-            raise TypeError(f"{where} must be an nnabla.Variable or nnabla.NdArray, got "
-                            f"{type(v).__name__}")
+            raise TypeError(f"params[{name!r}] must be an nnabla.Variable or nnabla.NdArray, "
+                            f"got {type(v).__name__}")
     return names, arrays
 
 
@@ -75,22 +68,22 @@ def transfer(mpi_comm: Any, arrays: List["nn.NdArray"], src: int, dtypes: List[n
     """Copy the bytes of rank ``src``'s arrays, in ``dtypes`` (see :func:`sender_dtypes`),
     into every other rank's arrays, which take these dtypes (one ``Bcast``; ``ctx`` is
     the CPU context the arrays are read and written in)."""
-    nbytes = [a.size * d.itemsize for a, d in zip(arrays, dtypes)]
-    buf = np.empty(int(sum(nbytes)), np.uint8)
     is_src = mpi_comm.Get_rank() == src
     if is_src:
-        off = 0
-        for a, d, n in zip(arrays, dtypes, nbytes):
-            buf[off:off + n] = host_view(a, d, ctx).view(np.uint8)
-            off += n
+        buf = np.concatenate([host_view(a, d, ctx).view(np.uint8) for a, d in zip(arrays, dtypes)])
+    else:
+        buf = np.empty(sum(a.size * d.itemsize for a, d in zip(arrays, dtypes)), np.uint8)
     mpi_comm.Bcast(buf, root=src)
-    if is_src:
-        return
-    off = 0
-    for a, d, n in zip(arrays, dtypes, nbytes):
-        out = host_view(a, d, ctx, write_only=True)
-        out.view(np.uint8)[:] = buf[off:off + n]
-        off += n
+    if not is_src:
+        write_bytes(buf, arrays, dtypes, ctx)
+
+
+def write_bytes(buf: np.ndarray, arrays: List["nn.NdArray"], dtypes: List[np.dtype], ctx) -> None:
+    """Write ``buf``, the bytes of ``arrays`` end to end in ``dtypes``, into the arrays,
+    which take these dtypes (``ctx``: the CPU context they are written in)."""
+    ends = np.cumsum([a.size * d.itemsize for a, d in zip(arrays, dtypes)])
+    for a, d, part in zip(arrays, dtypes, np.split(buf, ends[:-1])):
+        host_view(a, d, ctx, write_only=True).view(np.uint8)[:] = part
 
 
 def _signature_mismatch(src_names: Optional[List[str]], src_shapes: List[Tuple[int, ...]],

@@ -14,14 +14,14 @@ and broadcast_parameters), ``shared_gradients`` (share_grads and the free-space 
 operation), ``nnabla_api`` (``init``, ``all_gather`` and the methods of nnabla's API it
 refuses) and ``abort`` (the exception hook and ``MPI_Abort``).
 """
-from typing import Any, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, get_args
 
 import numpy as np
 
 import nnabla as nn
 
 from ..core._hostarray import dtype_of
-from ..core._validate import boolean, real
+from ..core._validate import boolean, choice, real
 from . import memory_room
 from ._collective_args import check_group, ndarray_list
 from .abort import abort_job, install_excepthook
@@ -37,7 +37,7 @@ from .shared_memory_reduction import SharedMemoryReduction, window_bytes
 __all__ = ["MPICommunicator", "SharedGradients"]
 
 Algorithm = Literal["auto", "shared_memory", "reduce_scatter", "reduce_bcast"]
-_ALGORITHMS = ("auto", "shared_memory", "reduce_scatter", "reduce_bcast")
+_ALGORITHMS = get_args(Algorithm)
 
 
 def _reduction_dtype(dtypes: Sequence[np.dtype]) -> np.dtype:
@@ -162,24 +162,21 @@ class MPICommunicator(AllReduceCallback, Broadcast, ShareGrads, NnablaCommunicat
         MPI = import_mpi()
         abort_on_exception = boolean("abort_on_exception", abort_on_exception)
         timeout = None if timeout is None else real("timeout", timeout, gt=0.0)
-        if algorithm not in _ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
+        choice("algorithm", algorithm, _ALGORITHMS)
         comm = _checked_comm(MPI, comm)
         self._comm, self._rank, self._size = comm, comm.Get_rank(), comm.Get_size()
         self._timeout = CollectiveTimeout(timeout, self._rank, self._size, comm.Abort)
         self._local_rank, self._local_size = _rank_on_machine(MPI, comm)
-        given, algorithm = algorithm, _resolved_algorithm(algorithm, self._local_size,
-                                                          self._size)
-        self._algorithm = algorithm
+        self._algorithm = _resolved_algorithm(algorithm, self._local_size, self._size)
         self._shm = self._messages = None
-        if algorithm != "shared_memory":
-            self._messages = MessageReduction(MPI, comm, algorithm)
+        if self._algorithm != "shared_memory":
+            self._messages = MessageReduction(MPI, comm, self._algorithm)
         elif self._size > 1:
             missing = memory_room.shortfall("the all-reduce's window",
                                             window_bytes(self._size), self._local_size, comm)
             if missing:
                 raise ValueError(f"algorithm='shared_memory' (the scheme of "
-                                 f"algorithm={given!r} here): {missing}; free memory, or "
+                                 f"algorithm={algorithm!r} here): {missing}; free memory, or "
                                  f"pass algorithm='reduce_scatter' to reduce through MPI "
                                  f"messages")
             self._shm = SharedMemoryReduction(MPI, comm)

@@ -87,18 +87,12 @@ def handshake(comm, fingerprint: bytes) -> Tuple[List[bytes], Reduction]:
     order, and what the all-reduce of ``comm`` does to dtypes: one all-reduce of a float32
     array (the fingerprints) and a one-element float16 array."""
     slots = RankSlots(comm.rank, comm.size, np.uint8, len(fingerprint))
-    carrier = _ndarray(slots.encode(np.frombuffer(fingerprint, dtype=np.uint8)), np.float32)
-    probe = _ndarray(np.zeros(1), np.float16)
+    carrier = nn.NdArray.from_numpy_array(slots.encode(np.frombuffer(fingerprint, np.uint8)))
+    probe = nn.NdArray.from_numpy_array(np.zeros(1, np.float16))
     comm.all_reduce([carrier, probe], division=False, inplace=True)
     reduction = Reduction({"float32": str(carrier.dtype), "float16": str(probe.dtype)})
     seen = slots.decode(carrier.data)
     return [row.tobytes() for row in seen], reduction
-
-
-def _ndarray(values: np.ndarray, dtype) -> "nn.NdArray":
-    array = nn.NdArray(values.shape)
-    array.cast(dtype)[...] = values
-    return array
 
 
 class StepFlags:

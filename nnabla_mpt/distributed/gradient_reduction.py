@@ -73,8 +73,7 @@ class GradientReduction:
                                                                       shared),
             "abort_on_exception": check.boolean(name + "abort_on_exception",
                                                 self.abort_on_exception)}
-        for field, value in checked.items():
-            object.__setattr__(self, field, value)
+        self.__dict__.update(checked)     # frozen: the checked values replace the given
 
 
 def backward_reduction(reduction: GradientReduction, comm: Any, saturation: bool,

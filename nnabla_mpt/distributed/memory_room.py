@@ -95,17 +95,13 @@ def read(shm_dir: str = SHM_DIR, proc: str = "/proc",
         shm_free: Optional[int] = st.f_bavail * st.f_frsize
     except OSError:
         shm_free = None
-    memory, source = _mem_available(proc), "MemAvailable"
+    memory, source = _number(os.path.join(proc, "meminfo"), "MemAvailable:"), "MemAvailable"
+    if memory is not None:
+        memory *= 1024      # /proc/meminfo counts in KiB
     left = _cgroup_left(proc, cgroup_root)
     if left is not None and (memory is None or left < memory):
         memory, source = left, "the cgroup's memory limit"
     return MemoryRoom(shm_free, memory, source)
-
-
-def _mem_available(proc: str) -> Optional[int]:
-    """``MemAvailable`` in bytes, or None."""
-    kib = _number(os.path.join(proc, "meminfo"), "MemAvailable:")
-    return None if kib is None else kib * 1024
 
 
 def _number(path: str, key: str) -> Optional[int]:

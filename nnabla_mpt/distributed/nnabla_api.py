@@ -16,6 +16,7 @@ import nnabla as nn
 
 from ..core._hostarray import dtype_of, host_view
 from ._collective_args import check_group, ndarray_list as arrays_of
+from .broadcast import write_bytes
 from .collective_timeout import timed
 
 _ONE_GROUP = ("MPICommunicator has one group, 'world' (all its ranks); for a subset of "
@@ -91,9 +92,7 @@ class NnablaCommunicatorAPI:
         received = np.empty(send.size * self._size, np.uint8)
         self.n_collectives += 1
         self._comm.Allgather(send, received)
-        for r, out in enumerate(outs):
-            host_view(out, dtype, self._host_ctx, write_only=True).view(np.uint8)[:] = \
-                received[r * send.size:(r + 1) * send.size]
+        write_bytes(received, outs, [dtype] * len(outs), self._host_ctx)
 
 
 for _name in REFUSED:

@@ -17,7 +17,7 @@ small host read.
 :class:`~nnabla_mpt.MPICommunicator` fuses the arrays of a call itself (and on float
 graphs sums the gradients where they lie), so it is handed the list.
 """
-from typing import List, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -45,32 +45,24 @@ class PackedArrays:
         with nn.context_scope(ctx), nn.auto_forward(False):
             self._buffer = F.concatenate(
                 *[F.reshape(variable_over(a), (a.size,)) for a in arrays], self._flags, axis=0)
-        self.buffer = self._buffer.data
-        self._unpack, self._flags_out = _unpacking(arrays, self.buffer, flags_length, ctx)
+            # the graph that copies each part of the buffer back into its array (forward
+            # _unpack), and the flags it also slices out
+            source = variable_over(self._buffer.data)
+            parts, start = [], 0
+            for a in arrays:
+                part = F.reshape(F.slice(source, (start,), (start + a.size,)), a.shape,
+                                 inplace=False)
+                part.data = a        # the copy lands in the array itself
+                parts.append(part)
+                start += a.size
+            self._flags_out = F.slice(source, (start,), (start + flags_length,))
+            self._unpack = F.sink(*parts, self._flags_out)
 
     def reduce(self, comm, flags: np.ndarray, division: bool) -> np.ndarray:
         """Packs the arrays and ``flags``, all-reduces the buffer (one call of ``comm``),
         copies the arrays back and returns the reduced flags."""
         self._flags.d = flags
         self._buffer.forward()
-        comm.all_reduce([self.buffer], division=division, inplace=True)
+        comm.all_reduce([self._buffer.data], division=division, inplace=True)
         self._unpack.forward()
         return self._flags_out.d
-
-
-def _unpacking(arrays: List["nn.NdArray"], buffer: "nn.NdArray", flags_length: int, ctx):
-    """``(sink, flags)``: the graph that copies each part of ``buffer`` into its array
-    (forward ``sink``), and the Variable of the flags it also slices out."""
-    import nnabla.functions as F
-
-    source = variable_over(buffer)
-    parts, start = [], 0
-    with nn.context_scope(ctx), nn.auto_forward(False):
-        for a in arrays:
-            part = F.reshape(F.slice(source, (start,), (start + a.size,)), a.shape,
-                             inplace=False)
-            part.data = a        # the copy lands in the array itself
-            parts.append(part)
-            start += a.size
-        flags = F.slice(source, (start,), (start + flags_length,))
-        return F.sink(*parts, flags), flags

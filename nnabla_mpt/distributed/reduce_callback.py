@@ -101,7 +101,6 @@ class AllReduceCallback:
         scale = check.real("scale_grad", scale_grad)
         check.boolean("keep_dtype", keep_dtype)
         self._arm(arrays, division, scale)
-        return None
 
     def get_all_reduce_callback(self, packing_size: int = 2 << 20) -> None:
         """:meth:`all_reduce_callback` of the gradients of every parameter
@@ -112,7 +111,6 @@ class AllReduceCallback:
         if self.size > 1:
             self.all_reduce_callback([v.grad for v in nn.get_parameters().values()],
                                      packing_size)
-        return None
 
     @property
     def all_reduce_callback_armed(self) -> bool:

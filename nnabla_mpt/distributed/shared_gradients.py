@@ -17,6 +17,7 @@ import nnabla as nn
 from nnabla.logger import logger
 
 from . import memory_room
+from ._collective_args import parameter_items
 from .collective_timeout import timed
 from .shared_arrays import SharedArrays, padded
 
@@ -25,16 +26,7 @@ __all__ = ["SharedGradients"]
 def parameter_variables(params: Union[Dict[str, Any], Sequence[Any]]) -> List["nn.Variable"]:
     """The Variables of ``params`` (a dict of name to Variable, or a list), in order, after
     checking that there is at least one and that none is there twice."""
-    if isinstance(params, dict):
-        items = list(params.items())
-    elif isinstance(params, (list, tuple)):
-        items = list(enumerate(params))
-    else:
-        raise TypeError(f"params must be a dict of name to nnabla.Variable or a list of "
-                        f"Variables, got {type(params).__name__}: {params!r}")
-    if not items:
-        raise ValueError(f"params must contain at least one parameter, got an empty "
-                         f"{type(params).__name__}")
+    items = parameter_items(params, "Variables")
     seen = {}
     for name, v in items:
         if not isinstance(v, nn.Variable):
