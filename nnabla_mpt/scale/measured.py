@@ -153,13 +153,10 @@ class ScaleMeter:
 
     def __init__(self, loss: Any, params: Mapping[str, Any], policy: Any, decider: Any,
                  stats_every: Optional[int], scaling: Any) -> None:
-        calibrate, max_scale = scaling.scale == "auto", scaling.max_scale
-        gather, reduction = decider.gather, decider.reduction
-        reduced_dtype = None if reduction is None else reduction.dtype_after
         self._loss = loss
         self._params = params
         self._policy = policy
-        self._gather = gather
+        self._gather = decider.gather
         self.stats_every = stats_every
         self._ctx = graph.float_context(loss)
         self._dtype = graph.loss_dtype(loss)
@@ -167,11 +164,11 @@ class ScaleMeter:
         computed = graph.gradient_dtypes(loss, params)
         own = {name: computed.get(name, self._dtype) for name in params}
         self._own = _by_bound(params, own)
-        self._reduced = None if reduced_dtype is None else _by_bound(
-            params, {name: reduced_dtype(dtype) for name, dtype in own.items()})
-        self.limit = GrowthLimit(policy, graph.float_type_of(loss), max_scale)
-        self.auto_scale = calibrate
-        self.calibration_pending = calibrate
+        self._reduced = None if decider.reduction is None else _by_bound(
+            params, {name: decider.reduction.dtype_after(dtype) for name, dtype in own.items()})
+        self.limit = GrowthLimit(policy, graph.float_type_of(loss), scaling.max_scale)
+        self.auto_scale = scaling.scale == "auto"
+        self.calibration_pending = self.auto_scale
         self.history = ScaleHistory()
 
     def growth_watch(self, index: int) -> Optional[RangeWatch]:

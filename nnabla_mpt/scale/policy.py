@@ -145,8 +145,7 @@ class DynamicLossScale:
             raise AttributeError(f"DynamicLossScale has no setting {name!r} ({name} = "
                                  f"{value!r} refused); its settings: "
                                  f"{', '.join(self.SETTINGS)}")
-        now = self._now
-        values = dict({key: getattr(self, key) for key in self.SETTINGS}, scale=now.scale)
+        values = self.state_dict()              # the settings and the scale, as now
         values[name] = value
         try:
             fields = _checked_dynamic(values, lambda key: key)
@@ -155,8 +154,8 @@ class DynamicLossScale:
             raise type(error)(f"DynamicLossScale.{name} = {value!r} refused: {error}") from None
         del fields["scale"]                     # checked against the new bounds, unchanged
         self.__dict__.update(fields)
-        now.good_steps = min(now.good_steps, self.growth_interval - 1)
-        now.hysteresis_left = min(now.hysteresis_left, self.hysteresis)
+        self._now.good_steps = min(self._now.good_steps, self.growth_interval - 1)
+        self._now.hysteresis_left = min(self._now.hysteresis_left, self.hysteresis)
 
     @property
     def loss_scale(self) -> float:
@@ -245,9 +244,7 @@ class DynamicLossScale:
         ``name``: how messages name the state (``"state['policy']"`` in an updater's
         state); a value is named by its key in it, e.g. ``state['scale']``.
         """
-        _check_kind(state, self.kind, name)
-        check.exact_keys(name, state, self._STATE_KEYS)
-        check.version(name, state, _DYNAMIC_STATE_VERSION)
+        _check_state(state, self.kind, name, self._STATE_KEYS, _DYNAMIC_STATE_VERSION)
         key = lambda k: f"{name}[{k!r}]"    # noqa: E731
         fresh = _checked_dynamic(state, key)
         good = check.integer(key("good_steps"), state["good_steps"], ge=0)
@@ -322,10 +319,14 @@ def _scale_in(name: str, scale: Any, min_scale: float, max_scale: float) -> floa
     return value
 
 
-def _check_kind(state: Any, kind: str, name: str = "state") -> None:
-    """A state saved by a policy of another kind is refused first, naming both kinds."""
+def _check_state(state: Any, kind: str, name: str, keys: tuple, version: int) -> None:
+    """Checks the frame of a policy's state named ``name``: a state saved by a policy of
+    another kind is refused first, naming both kinds; then its keys (exactly ``keys``)
+    and its ``version``."""
     if isinstance(state, Mapping) and state.get("kind", kind) != kind:
         raise ValueError(f"{name} is for a {state['kind']!r} policy, not {kind!r}")
+    check.exact_keys(name, state, keys)
+    check.version(name, state, version)
 
 
 class FixedLossScale:
@@ -371,9 +372,7 @@ class FixedLossScale:
     def load_state_dict(self, state: Mapping[str, Any], *, name: str = "state") -> None:
         """Restores what :meth:`state_dict` returned; ``name``: how messages name the
         state (``"state['policy']"`` in an updater's state)."""
-        _check_kind(state, self.kind, name)
-        check.exact_keys(name, state, ("version", "kind", "scale"))
-        check.version(name, state, _FIXED_STATE_VERSION)
+        _check_state(state, self.kind, name, ("version", "kind", "scale"), _FIXED_STATE_VERSION)
         self._scale = _scale_value(f"{name}['scale']", state["scale"], ge=1.0)
 
     def __repr__(self) -> str:

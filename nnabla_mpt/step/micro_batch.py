@@ -72,11 +72,6 @@ def scalar_value(array: "nn.NdArray") -> float:
     return float(host_view(array, dtype_of(array), _HOST)[0])
 
 
-def computed_in_place(loss: "nn.Variable") -> bool:
-    """Whether the function computing ``loss`` writes it into its input's array."""
-    return loss.parent.inplace_data(0) != 0
-
-
 def forward_root(loss: "nn.Variable", outputs: Sequence["nn.Variable"]) -> "nn.Variable":
     """The Variable whose forward pass computes ``loss`` and ``outputs`` in one pass:
     ``F.sink(loss, *outputs)``, built in the loss's context; ``loss`` itself without
@@ -165,7 +160,8 @@ class LossRecorder:
                  outputs: Sequence["nn.Variable"] = ()) -> None:
         self.loss = loss
         self._root = forward_root(loss, outputs)
-        self._in_place = computed_in_place(loss)
+        # whether the function computing the loss writes it into its input's array
+        self._in_place = loss.parent.inplace_data(0) != 0
         self._turn = 0
         self.set_accum_grad(accum_grad)
 
