@@ -11,10 +11,13 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.solvers as S
+
 
 def variable_over(array):
     """A Variable whose data is ``array`` (no copy)."""
-    import nnabla as nn
     v = nn.Variable(array.shape, need_grad=False)
     v.data = array
     return v
@@ -48,12 +51,9 @@ class _GradientGraph:
 
     def _combine(self, parts: List):
         """The one-element graph combining the reductions ``parts``: their sum."""
-        import nnabla.functions as F
         return parts[0] if len(parts) == 1 else F.add_n(*parts)
 
     def _build(self) -> None:
-        import nnabla as nn
-
         self._arrays = [v.grad for v in self._variables]
         with nn.context_scope(self._context), nn.auto_forward(False):
             self._total = self._combine([self._reduce(array) for array in self._arrays])
@@ -77,13 +77,9 @@ class GradientSum(_GradientGraph):
     """
 
     def _reduce(self, array):
-        import nnabla.functions as F
         return F.sum(variable_over(array))
 
     def _build(self) -> None:
-        import nnabla as nn
-        import nnabla.solvers as S
-
         super()._build()
         probe = nn.Variable(self._total.shape, need_grad=True)
         probe.grad = self._total.data
@@ -121,8 +117,6 @@ def _matrix(group: Sequence):
     """The elements of the arrays of ``group`` as one ``(1, rows, _WIDTH)`` float32 matrix
     padded with zeros: a view of a lone array whose size ``_WIDTH`` divides, else their
     concatenation."""
-    import nnabla as nn
-    import nnabla.functions as F
     size = sum(array.size for array in group)
     if len(group) == 1 and size % _WIDTH == 0:
         return variable_over(group[0].view((1, size // _WIDTH, _WIDTH)))
@@ -137,7 +131,6 @@ def _largest(x, cpu: bool):
     """The largest ``|x|`` of a ``(1, rows, _WIDTH)`` matrix, as a ``(1, 1)`` array: by
     ``top_k_data`` on the CPU (twice as fast there as ``F.max``), elsewhere by ``F.max``,
     the device's plain reduction."""
-    import nnabla.functions as F
     if cpu:
         return F.top_k_data(F.abs(x), 1)
     return F.max(F.reshape(F.abs(x), (1, -1)), axis=1, keepdims=True)
@@ -163,9 +156,6 @@ class _ScaledSquaresGraph(_GradientGraph):
     _clear_buffer = True
 
     def _build(self) -> None:
-        import nnabla as nn
-        import nnabla.functions as F
-
         self._arrays = [v.grad for v in self._variables]
         with nn.context_scope(self._context), nn.auto_forward(False):
             matrices = [_matrix(group) for group in _groups(self._arrays)]
@@ -249,11 +239,9 @@ class _SaturationGraph(_GradientGraph):
         super().__init__(variables, context)
 
     def _reduce(self, array):
-        import nnabla.functions as F
         return F.min(F.less_scalar(F.abs(variable_over(array)), self._threshold))
 
     def _combine(self, parts: List):
-        import nnabla.functions as F
         return parts[0] if len(parts) == 1 else F.min(F.stack(*parts))
 
 

@@ -3,6 +3,11 @@ import collections
 import functools
 from typing import Any, Dict, List, Mapping, Tuple
 
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parameter as registry
+from nnabla.ext_utils import get_extension_context
+
 from .dtypes import float_type
 
 #: The dtype of each type configuration of nnabla that is not float32.
@@ -39,9 +44,6 @@ def runnable_backend(backends: Tuple[str, ...], array_class: str, device_id: str
     Raises:
         ValueError: none of them is registered (the message lists them).
     """
-    import nnabla as nn
-    import nnabla.functions as F
-
     for backend in backends:
         try:
             with nn.context_scope(nn.Context([backend], array_class, device_id)), \
@@ -94,7 +96,6 @@ def extension_of(loss) -> str:
 
 def has_bfloat16(loss) -> bool:
     """Whether the extension ``loss`` is computed with offers a bfloat16 type."""
-    from nnabla.ext_utils import get_extension_context
     try:
         get_extension_context(extension_of(loss), type_config="bfloat16")
     except (ValueError, ImportError):
@@ -146,9 +147,6 @@ def registered_state(loss, params: Mapping) -> Dict[str, Any]:
 
 def _registered() -> Dict[str, Any]:
     """Every parameter registered with nnabla, by its full name."""
-    import nnabla as nn
-    import nnabla.parameter as registry
-
     with nn.parameter_scope("", registry.root_scope):
         return nn.get_parameters(grad_only=False)
 
@@ -165,9 +163,6 @@ def float_context(loss):
     loss's own context (same device, same array class) with every backend's type
     configuration made ``float`` (``cudnn:half, cudnn:float, cuda:half, ...`` becomes
     ``cudnn:float, cuda:float, ...``); the CPU's for a leaf."""
-    import nnabla as nn
-    from nnabla.ext_utils import get_extension_context
-
     if loss.parent is None:
         return get_extension_context("cpu", type_config="float")
     ctx = loss.parent.context

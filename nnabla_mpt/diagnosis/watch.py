@@ -17,6 +17,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+import nnabla as nn
+import nnabla.functions as F
+
 from ..core.dtypes import FLOATS, array_stats, dtype_name
 
 __all__ = ["FunctionHooks", "BackwardHooks", "BackwardWatch", "RangeWatch", "NON_EXPANDING"]
@@ -214,8 +217,6 @@ class RangeWatch(BackwardHooks):
         name = dtype_name(array)
         if name not in FLOATS or array.size == 0:
             return
-        import nnabla as nn
-        import nnabla.functions as F
         with nn.context_scope(self._ctx):
             # max() passes over NaN: 0 * sum() adds NaN where the array holds NaN or inf
             top = F.add2(F.max(F.abs(array)), F.mul_scalar(F.sum(array), 0.0))
@@ -230,8 +231,6 @@ class RangeWatch(BackwardHooks):
         none). Float64 arrays, empty when nothing was watched."""
         if not self._maxima:
             return np.empty(0), np.empty(0), np.empty(0)
-        import nnabla as nn
-        import nnabla.functions as F
         with nn.context_scope(self._ctx):
             maxima = np.asarray(F.concatenate(*self._maxima, axis=0).data, dtype=np.float64)
         return (maxima, np.asarray(self._limits, dtype=np.float64),

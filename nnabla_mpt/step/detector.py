@@ -3,8 +3,12 @@ from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 import numpy as np
 
+import nnabla as nn
+import nnabla.solvers as S
+
 from ..core import _validate as check
 from ..core import graph
+from ..core._gradsum import GradientSum, SaturationCheck, numpy_min_size
 from ..core.dtypes import FP16_MAX
 
 OverflowMode = Literal["inf_nan", "saturation"]
@@ -90,8 +94,6 @@ def overflow_check(detector: OverflowDetector, solver, params: Dict[str, object]
     ``_gradsum.NUMPY_MIN_SIZE`` elements are tested by NumPy (see
     :class:`~nnabla_mpt.core._gradsum.SaturationCheck`).
     """
-    from ..core._gradsum import SaturationCheck, numpy_min_size
-
     if detector.mode != "inf_nan":
         return SaturationCheck(list(params.values()), detector.threshold, context,
                                numpy_min_size(context))
@@ -154,7 +156,6 @@ class SummedInfNanCheck:
 
     def __init__(self, params: Dict[str, object], context,
                  min_size: int = SUM_CHECK_MIN_SIZE) -> None:
-        from ..core._gradsum import GradientSum
 
         params = {name: v for name, v in params.items() if v.size}    # nothing to check
         large = {name: v for name, v in params.items() if v.size >= min_size}
@@ -178,8 +179,6 @@ def _solver_of(params: Dict[str, object], context):
     None if empty."""
     if not params:
         return None
-    import nnabla as nn
-    import nnabla.solvers as S
     with nn.context_scope(context):
         solver = S.Sgd(0.0)
     solver.set_parameters(params)
