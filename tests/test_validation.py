@@ -370,3 +370,13 @@ def test_grads_without_comm_is_accepted_with_a_warning_naming_it(net, cls, caplo
     cls(net.solver(), net.loss, *positional, None, [])      # nnabla's default: silent
     cls(net.solver(), net.loss, grads=None)
     assert _warnings(caplog) == []
+
+
+@pytest.mark.parametrize("grads", [None, [], "all"])
+def test_shared_grads_without_a_communicator_is_refused_whatever_grads_is(net, grads):
+    """``shared_grads=True`` asks for the communicator's shared memory: without a
+    communicator it is refused, also beside nnabla's default ``grads=[]``."""
+    grads = [v.grad for v in net.params.values()] if grads == "all" else grads
+    with raises_naming(ValueError, "shared_grads=True", "needs a communicator", "comm=..."):
+        DynamicLossScalingUpdater(net.solver(), net.loss, grads=grads,
+                                  reduction=GradientReduction(shared_grads=True))

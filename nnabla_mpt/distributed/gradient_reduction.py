@@ -125,6 +125,9 @@ def exchanged_grads(grads: Optional[List["nn.NdArray"]], comm: Any,
     parameters would drift apart). Without a communicator a non-empty ``grads`` is
     accepted (as nnabla's updater accepts it) with a warning that it is ignored, and
     ``[]`` silently."""
+    if reduction.shared_grads and comm is None:
+        raise ValueError("shared_grads=True needs a communicator (comm=...): the "
+                         "gradients are placed in the communicator's shared memory")
     if grads is not None and len(grads) == 0:
         if comm is None:
             return None     # nnabla's default, spelled out: nothing to exchange
@@ -137,9 +140,6 @@ def exchanged_grads(grads: Optional[List["nn.NdArray"]], comm: Any,
                        f"over the ranks, and there are none; every gradient of the solver "
                        f"is used as it is. Pass comm=... to exchange them, or leave grads "
                        f"out")
-    if reduction.shared_grads and comm is None:
-        raise ValueError("shared_grads=True needs a communicator (comm=...): the "
-                         "gradients are placed in the communicator's shared memory")
     if grads is not None and comm is not None:
         missing = [name for name, v in params.items() if not any(v.grad == g for g in grads)]
         if missing:
