@@ -28,6 +28,7 @@ Example:
     >>> seen[0].step, seen[0].skipped, seen[0].overflow_rate, seen[0].scale
     (1, 1, 0.5, 512.0)
 """
+import contextlib
 import itertools
 import os
 from dataclasses import dataclass
@@ -288,9 +289,7 @@ class LossScaleMonitor(LossScaleCallback):
 def drop_partial_line(path: str) -> None:
     """Cuts a last line without its newline (half written when a run stopped) off the file
     at ``path``, if there is one."""
-    if not os.path.exists(path):
-        return
-    with open(path, "rb+") as f:
+    with contextlib.suppress(FileNotFoundError), open(path, "rb+") as f:
         data = f.read()
         if data and not data.endswith(b"\n"):
             f.truncate(data.rfind(b"\n") + 1)

@@ -12,12 +12,12 @@ monitor or another thread assigning) every assignment is refused (the step loop'
 :class:`~nnabla_mpt.step_loop.StepLock`): the running step would mix the old and the new
 value. Nothing is ignored.
 """
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, get_args
 
 from .core import _validate as check
 from .scale.bounded_policy import FixedScale
 from .step.micro_batch import checked_feeder, install_feeder
-from .step.overflow_handling import FLOOR_POLICIES, OverflowHandling, check_retries
+from .step.overflow_handling import FloorPolicy, OverflowHandling, check_retries
 
 
 # -- the checks a setting shares with the constructor ---------------------------------------
@@ -144,7 +144,7 @@ def max_retries(updater: Any, value: Any) -> None:
 @live(lambda updater: updater._collapse.floor_policy)
 def floor_policy(updater: Any, value: Any) -> None:
     """What a collapse does, ``"raise"``, ``"warn"`` or ``"ignore"`` (assignable)."""
-    updater._collapse.floor_policy = check.choice("floor_policy", value, FLOOR_POLICIES)
+    updater._collapse.floor_policy = check.choice("floor_policy", value, get_args(FloorPolicy))
 
 
 @live(lambda updater: updater._collapse.diagnose_after)

@@ -374,8 +374,7 @@ class _LossScalingUpdater:
                                    meter.history.margin())
 
     def _forward_backward(self, recorder: LossRecorder, seed: "nn.NdArray", scale: float,
-                          losses: StepLosses, watch: Optional[RangeWatch] = None,
-                          fed: bool = False) -> None:
+                          losses: StepLosses, watch: Optional[RangeWatch], fed: bool) -> None:
         """Zeroes the gradients, then ``accum_grad`` × (feed, forward of the recorder's loss
         kept in ``losses``, backward seeded with ``seed``, the array of ``scale``, watched by
         ``watch`` if given); ``fed``: the first micro-batch is fed and forwarded already. The

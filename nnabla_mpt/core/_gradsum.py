@@ -23,6 +23,17 @@ def variable_over(array):
     return v
 
 
+def solver_of(params, context):
+    """A solver in ``context`` holding ``params`` (name -> Variable) only, for its
+    element-wise inf/NaN test of their gradients; None if empty."""
+    if not params:
+        return None
+    with nn.context_scope(context):
+        solver = S.Sgd(0.0)
+    solver.set_parameters(params)
+    return solver
+
+
 class _GradientGraph:
     """A float32 graph reducing the gradients of ``variables`` to one element (two for
     the norm's).
@@ -83,9 +94,7 @@ class GradientSum(_GradientGraph):
         super()._build()
         probe = nn.Variable(self._total.shape, need_grad=True)
         probe.grad = self._total.data
-        with nn.context_scope(self._context):
-            self._probe = S.Sgd(0.0)
-        self._probe.set_parameters({"gradient_sum": probe})
+        self._probe = solver_of({"gradient_sum": probe}, self._context)
 
     def nonfinite(self) -> bool:
         """Computes the sum now; True when it is inf or NaN."""

@@ -91,8 +91,7 @@ def handshake(comm, fingerprint: bytes) -> Tuple[List[bytes], Reduction]:
     probe = nn.NdArray.from_numpy_array(np.zeros(1, np.float16))
     comm.all_reduce([carrier, probe], division=False, inplace=True)
     reduction = Reduction({"float32": str(carrier.dtype), "float16": str(probe.dtype)})
-    seen = slots.decode(carrier.data)
-    return [row.tobytes() for row in seen], reduction
+    return [row.tobytes() for row in slots.decode(carrier.data)], reduction
 
 
 class StepFlags:

@@ -40,10 +40,9 @@ class MemoryRoom(NamedTuple):
     def allowed(self) -> Optional[int]:
         """The largest window allowed, in bytes: the smaller of :attr:`shm_free` and
         :data:`SHARED_SHARE` of :attr:`memory` (``None`` if neither is known)."""
-        bounds = [b for b in (self.shm_free,
-                              None if self.memory is None else int(self.memory * SHARED_SHARE))
-                  if b is not None]
-        return min(bounds) if bounds else None
+        return min([b for b in (self.shm_free,
+                                None if self.memory is None else int(self.memory * SHARED_SHARE))
+                    if b is not None], default=None)
 
     def fits(self, nbytes: int) -> bool:
         """Whether a window of ``nbytes`` is allowed."""
@@ -67,11 +66,9 @@ def shortfall(what: str, needed: int, local_size: int, mpi_comm) -> str:
     machine, would not fit (see the module's text), or ``""`` if it fits (or neither figure
     can be read). The ranks of ``mpi_comm`` agree on the answer (one collective), so that
     they all decide alike."""
-    from mpi4py import MPI
-
     room = read()
     fits = room.fits(needed)
-    if mpi_comm.allreduce(1 if fits else 0, op=MPI.MIN):
+    if all(mpi_comm.allgather(fits)):
         return ""
     if fits:
         return (f"{mib(needed)} of shared memory for {what} do not fit on another rank "
@@ -140,8 +137,7 @@ def _cgroup_left(proc: str, root: str) -> Optional[int]:
         parts = [p for p in path.split("/") if p]    # the path's folder, then its ancestors'
         lefts = [_left(os.path.join(base, *parts[:k]), *files)
                  for k in range(len(parts), -1, -1)]
-        lefts = [x for x in lefts if x is not None]
-        return min(lefts) if lefts else None
+        return min([x for x in lefts if x is not None], default=None)
     return None
 
 

@@ -47,8 +47,6 @@ class AllReduceCallback:
     reduction they arm (MPICommunicator holds ``_comm``, ``rank`` and ``size``)."""
 
     _armed_arrays: Optional[List["nn.NdArray"]] = None   # the armed reduction's arrays
-    _armed_division = False
-    _armed_scale = 1.0
     _pending = False     # a reduction is due at the next solver operation
     _watching = False    # nnabla's function hook marks every pass as due
     _reduced = False     # a reduction ran since the last arm

@@ -11,8 +11,6 @@ job with ``SIGBUS`` or the out-of-memory killer.
 """
 from typing import Any, Dict, List, Sequence, Union
 
-import numpy as np
-
 import nnabla as nn
 from nnabla.logger import logger
 
@@ -74,9 +72,8 @@ class SharedGradients:
         windows.append(self._region)
         for k, i in enumerate(self._placed):
             v = self.variables[i]
-            current = np.array(v.g, dtype=np.float32)  # kept
+            self._region.view(k)[...] = v.g.reshape(-1)   # the current values kept
             v.grad = self._region.arrays[k]
-            self._region.view(k)[...] = current.reshape(-1)
         self.arrays = [v.grad for v in self.variables]
         self.n_replaced = 0
         self._streak = 0
@@ -162,10 +159,9 @@ class ShareGrads:
         missing = self.shared_memory_shortfall(variables)
         if missing:
             raise ValueError(f"share_grads: {missing}")
-        shared = SharedGradients(variables, self._MPI, self._comm, self._windows,
-                                 self._host_ctx)
         self.n_collectives += 1  # the barrier after zeroing the window
-        return shared
+        return SharedGradients(variables, self._MPI, self._comm, self._windows,
+                               self._host_ctx)
 
     @timed("shared_memory_shortfall")
     def shared_memory_shortfall(self, variables: Sequence["nn.Variable"]) -> str:

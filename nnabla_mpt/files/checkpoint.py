@@ -46,7 +46,13 @@ def save(path: str, params: Mapping[str, Any], solver, updater_state: Mapping) -
     atomically (:func:`nnabla_mpt.files.atomic_file.write`: the folder is checked before the
     arrays are gathered)."""
     def fill(f) -> None:
-        _write_npz(f, _gathered(params, solver, updater_state))
+        # np.savez would leave the archive half-open after a failed write, to fail again
+        # when it is garbage-collected: this one is closed whatever happens
+        with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED,
+                             allowZip64=True) as archive:
+            for key, value in _gathered(params, solver, updater_state).items():
+                with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, value, allow_pickle=False)
 
     atomic_file.write(check.path("path", path), fill, "the checkpoint")
 
@@ -255,15 +261,3 @@ def _check_finite(path: str, data: Mapping[str, np.ndarray]) -> None:
                          f"{'; '.join(bad)}: a run cannot resume from them, load an "
                          f"earlier checkpoint")
 
-
-def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
-    """Writes ``arrays`` to the binary file ``f`` as an ``.npz`` archive (``np.load`` reads it).
-
-    Unlike ``np.savez``, the archive is closed even when a write fails, so a failed save
-    leaves nothing half-open behind to fail again when it is garbage-collected.
-    """
-    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED,
-                         allowZip64=True) as archive:
-        for key, value in arrays.items():
-            with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)

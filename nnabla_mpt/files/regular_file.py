@@ -40,8 +40,7 @@ def check_existing(path: str, prefix: str) -> None:
     """Refuses what is at ``path`` (a symlink followed) unless it is a regular file or
     nothing (its folder may be missing too: the caller says so)."""
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        mode = os.stat(path).st_mode
-        refuse_other(mode, prefix)
+        refuse_other(os.stat(path).st_mode, prefix)
 
 
 def open_for_reading(path: str, prefix: str) -> BinaryIO:

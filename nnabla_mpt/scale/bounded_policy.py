@@ -102,12 +102,11 @@ def bound_to(policy: DynamicLossScale, dtype: FloatType, auto: bool,
         seedable("scale", shown, policy.loss_scale, dtype)
     seedable("min_scale", policy.min_scale, policy.min_scale, dtype)
     upper = min(policy.max_scale, ceiling)
-    scale = upper if auto else policy.loss_scale
-    if not auto and scale > upper:
+    scale = upper if auto else min(policy.loss_scale, upper)
+    if not auto and policy.loss_scale > upper:
         logger.info(f"nnabla_mpt: scale={shown!r} is above {ceiling:g}, the largest "
                     f"power of two the loss's dtype holds (backward(scale) seeds the pass "
                     f"in that dtype): starting at {upper:g}")
-        scale = upper
     policy.set_loss_scale(scale)
     policy.max_scale = upper
     policy._seed_bounds = (dtype.smallest, ceiling)    # later assignments are held to them

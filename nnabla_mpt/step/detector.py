@@ -1,14 +1,11 @@
 """The overflow detector shared by every updater, and the check of a step's batch."""
-from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple, get_args
 
 import numpy as np
 
-import nnabla as nn
-import nnabla.solvers as S
-
 from ..core import _validate as check
 from ..core import graph
-from ..core._gradsum import GradientSum, SaturationCheck, numpy_min_size
+from ..core._gradsum import GradientSum, SaturationCheck, numpy_min_size, solver_of
 from ..core.dtypes import FP16_MAX
 
 OverflowMode = Literal["inf_nan", "saturation"]
@@ -43,7 +40,7 @@ class OverflowDetector:
     """
 
     def __init__(self, mode: OverflowMode = "inf_nan", threshold: float = FP16_MAX) -> None:
-        self.mode = check.choice("overflow_mode", mode, ("inf_nan", "saturation"))
+        self.mode = check.choice("overflow_mode", mode, get_args(OverflowMode))
         self.threshold = check.real("threshold", threshold, gt=0.0)
 
     def _bad(self, g: np.ndarray) -> bool:
@@ -159,9 +156,9 @@ class SummedInfNanCheck:
 
         params = {name: v for name, v in params.items() if v.size}    # nothing to check
         large = {name: v for name, v in params.items() if v.size >= min_size}
-        self._small_solver = _solver_of({name: v for name, v in params.items()
-                                         if name not in large}, context)
-        self._large_solver = _solver_of(large, context)     # confirms a non-finite sum
+        self._small_solver = solver_of({name: v for name, v in params.items()
+                                        if name not in large}, context)
+        self._large_solver = solver_of(large, context)     # confirms a non-finite sum
         self._sum = GradientSum(list(large.values()), context) if large else None
 
     def __call__(self) -> bool:
@@ -172,17 +169,6 @@ class SummedInfNanCheck:
         # element-wise test tells them apart
         return (self._sum is not None and self._sum.nonfinite()
                 and bool(self._large_solver.check_inf_or_nan_grad()))
-
-
-def _solver_of(params: Dict[str, object], context):
-    """A solver in ``context`` holding ``params`` only, for its element-wise inf/NaN test;
-    None if empty."""
-    if not params:
-        return None
-    with nn.context_scope(context):
-        solver = S.Sgd(0.0)
-    solver.set_parameters(params)
-    return solver
 
 
 class BatchCheck:

@@ -131,14 +131,8 @@ class StepLosses:
 
     def __reduce__(self):
         """Copies and pickles (``copy.deepcopy``, ``dataclasses.asdict`` of a result) hold
-        the value, not nnabla's arrays."""
-        return _known, (self.mean(),)
-
-
-def _known(mean: float) -> StepLosses:
-    losses = StepLosses([])
-    losses.set_mean(mean)
-    return losses
+        the value, not nnabla's arrays: one micro-batch's loss, the mean."""
+        return StepLosses, ([self.mean()],)
 
 
 #: ``sys.getrefcount`` of a ring's :class:`StepLosses` that nothing else holds: the ring's

@@ -6,14 +6,12 @@ detected (``mode``), whether the same ``update()`` call tries again on new batch
 ``diagnose_after`` overflowing steps, see :mod:`nnabla_mpt.step.collapse`).
 """
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from ..core import _validate as check
 from .detector import OverflowMode
 
 FloorPolicy = Literal["raise", "warn", "ignore"]
-FLOOR_POLICIES = ("raise", "warn", "ignore")
-OVERFLOW_MODES = ("inf_nan", "saturation")
 
 
 @dataclass(frozen=True)
@@ -61,10 +59,10 @@ class OverflowHandling:
 
     def __post_init__(self) -> None:
         name = f"{type(self).__name__}."
-        checked = {"mode": check.choice(name + "mode", self.mode, OVERFLOW_MODES),
+        checked = {"mode": check.choice(name + "mode", self.mode, get_args(OverflowMode)),
                    "max_retries": check.integer(name + "max_retries", self.max_retries, ge=0),
                    "floor_policy": check.choice(name + "floor_policy", self.floor_policy,
-                                                FLOOR_POLICIES),
+                                                get_args(FloorPolicy)),
                    "diagnose_after": check.integer(name + "diagnose_after",
                                                    self.diagnose_after, ge=1)}
         self.__dict__.update(checked)          # frozen: set past its __setattr__
