@@ -161,3 +161,10 @@ def test_arrays_of_results_nobody_holds_are_written_again_and_kept_ones_are_not(
                    for k in kept._losses.values)
     kept._losses.forget()                   # read its arrays again
     assert kept.loss == pytest.approx(expected[2], rel=1e-6)
+
+
+def test_a_mean_set_is_the_steps_loss_over_its_own_values():
+    """The ranks' mean replaces the one this rank's values give (``set_mean``)."""
+    losses = StepLosses([1.0, 3.0])
+    losses.set_mean(5.0)
+    assert (losses.mean(), losses.total()) == (5.0, 4.0)
