@@ -289,7 +289,7 @@ class LossScaleMonitor(LossScaleCallback):
 def drop_partial_line(path: str) -> None:
     """Cuts a last line without its newline (half written when a run stopped) off the file
     at ``path``, if there is one."""
-    with contextlib.suppress(FileNotFoundError), open(path, "rb+") as f:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), open(path, "rb+") as f:
         data = f.read()
         if data and not data.endswith(b"\n"):
             f.truncate(data.rfind(b"\n") + 1)

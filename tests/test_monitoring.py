@@ -337,3 +337,13 @@ def test_hook_sees_the_step_that_raises_the_collapse_error():
         updater.update()                      # 2**14 overflows at min_scale
     assert [(r.step, r.skipped, r.scale) for r in results] == [
         (0, True, 2.0 ** 15), (1, True, 2.0 ** 14)]
+
+
+def test_dropping_a_partial_line_of_a_file_that_cannot_exist_does_nothing(tmp_path):
+    """No file at the path, nor a folder for it (a file stands where its folder would):
+    nothing to cut, and nothing raised."""
+    from nnabla_mpt.monitoring import drop_partial_line
+    (tmp_path / "plain").write_text("not a folder")
+    drop_partial_line(str(tmp_path / "missing.series.txt"))
+    drop_partial_line(str(tmp_path / "plain" / "x.series.txt"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]

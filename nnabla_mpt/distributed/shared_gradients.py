@@ -159,9 +159,10 @@ class ShareGrads:
         missing = self.shared_memory_shortfall(variables)
         if missing:
             raise ValueError(f"share_grads: {missing}")
+        shared = SharedGradients(variables, self._MPI, self._comm, self._windows,
+                                 self._host_ctx)
         self.n_collectives += 1  # the barrier after zeroing the window
-        return SharedGradients(variables, self._MPI, self._comm, self._windows,
-                               self._host_ctx)
+        return shared
 
     @timed("shared_memory_shortfall")
     def shared_memory_shortfall(self, variables: Sequence["nn.Variable"]) -> str:

@@ -153,7 +153,6 @@ class SummedInfNanCheck:
 
     def __init__(self, params: Dict[str, object], context,
                  min_size: int = SUM_CHECK_MIN_SIZE) -> None:
-
         params = {name: v for name, v in params.items() if v.size}    # nothing to check
         large = {name: v for name, v in params.items() if v.size >= min_size}
         self._small_solver = solver_of({name: v for name, v in params.items()
