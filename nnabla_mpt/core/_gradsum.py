@@ -277,11 +277,10 @@ class SaturationCheck:
             return any(not (np.abs(v.g) < self._threshold).all() for v in self._large)
 
 
-def split_by_size(variables: Sequence, numpy_min_size: Optional[int]):
+def split_by_size(variables: Sequence, limit: Optional[int]):
     """``(graph's, NumPy's)``: the variables whose gradients a graph reduces, and those
-    read into NumPy (at least ``numpy_min_size`` elements; none for None). Empty arrays
-    are in neither: nnabla's reductions cannot take them, and they hold nothing."""
-    limit = numpy_min_size
+    read into NumPy (at least ``limit`` elements; none for None). Empty arrays are in
+    neither: nnabla's reductions cannot take them, and they hold nothing."""
     small = [v for v in variables if v.size and (limit is None or v.size < limit)]
     large = [v for v in variables if v.size and limit is not None and v.size >= limit]
     return small, large

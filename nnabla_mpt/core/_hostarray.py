@@ -2,7 +2,7 @@
 
 :func:`host_ndarray` is an :class:`nnabla.NdArray` over host memory that nnabla does not own.
 nnabla borrows external memory through DLPack (:func:`nnabla.utils.dlpack.from_dlpack`).
-The ``DLManagedTensor`` is built here with ctypes, in one ``malloc``'d block that also
+The ``DLManagedTensor`` is built here with ctypes, in one ``calloc``'d (zeroed) block that also
 holds its shape and strides; its deleter is libc's ``free``, so nnabla releases exactly
 that block when the array goes away and never the memory it points to. The strides are
 always given: nnabla 1.39 reads them without checking for the NULL that DLPack allows
@@ -37,9 +37,9 @@ class _DLManagedTensor(ctypes.Structure):
 
 
 _libc = ctypes.CDLL(None)
-_malloc = _libc.malloc
-_malloc.restype = ctypes.c_void_p
-_malloc.argtypes = [ctypes.c_size_t]
+_calloc = _libc.calloc
+_calloc.restype = ctypes.c_void_p
+_calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
 _FREE = ctypes.cast(_libc.free, ctypes.c_void_p).value
 _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
@@ -61,9 +61,9 @@ def host_ndarray(ptr: int, shape: Sequence[int], dtype=np.float32):
         raise TypeError(f"host_ndarray: dtype must be a float or integer type, got {dtype}")
     shape = [int(s) for s in shape]
     ndim = len(shape)
-    block = _malloc(_HEAD + 16 * max(ndim, 1))
+    block = _calloc(1, _HEAD + 16 * max(ndim, 1))     # zeroed: no manager_ctx, no offset
     if not block:
-        raise MemoryError("host_ndarray: malloc failed")
+        raise MemoryError("host_ndarray: calloc failed")
     managed = _DLManagedTensor.from_address(block)
     shp = (ctypes.c_int64 * max(ndim, 1)).from_address(block + _HEAD)
     strides = (ctypes.c_int64 * max(ndim, 1)).from_address(block + _HEAD + 8 * max(ndim, 1))
@@ -79,8 +79,6 @@ def host_ndarray(ptr: int, shape: Sequence[int], dtype=np.float32):
     t.code, t.bits, t.lanes = _CODES[dtype.kind], 8 * dtype.itemsize, 1
     t.shape = ctypes.addressof(shp)
     t.strides = ctypes.addressof(strides)
-    t.byte_offset = 0
-    managed.manager_ctx = None
     managed.deleter = _FREE
     return from_dlpack(_capsule_new(block, b"dltensor", None))
 

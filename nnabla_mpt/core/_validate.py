@@ -8,7 +8,7 @@ import math
 import numbers
 import operator
 import os
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 
 #: The bounds :func:`real` checks, in the order of its keywords: as a message writes each,
@@ -77,8 +77,7 @@ def option(name: str, value: Any, cls: type) -> Any:
                     f"of type {type(value).__name__}")
 
 
-def choice(name: str, value: Any, allowed: Iterable[str]) -> str:
-    allowed = tuple(allowed)
+def choice(name: str, value: Any, allowed: Sequence[str]) -> str:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, "
                          f"got {value!r}")

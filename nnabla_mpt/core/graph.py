@@ -56,13 +56,6 @@ def runnable_backend(backends: Tuple[str, ...], array_class: str, device_id: str
                      f"functions registered in nnabla (is its extension installed?)")
 
 
-def precision_of(loss) -> str:
-    """``"half"`` when the function computing ``loss`` runs in float16
-    (:func:`type_config_of`), else ``"float"``: the loss's own precision, which the seed of
-    its backward pass has (for the gradients': :func:`gradient_precision`)."""
-    return "half" if type_config_of(loss) == "half" else "float"
-
-
 def gradient_dtypes(loss, params: Mapping) -> Dict[str, str]:
     """``name -> dtype`` of the gradient of each parameter of ``params`` (name ->
     Variable) that the graph of ``loss`` reads: the dtype of the backward of the functions

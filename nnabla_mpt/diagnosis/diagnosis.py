@@ -83,7 +83,10 @@ def diagnose(loss: Any, scale: float, params: Optional[Mapping[str, Any]] = None
 def _replayed(replay: "_Replay", scale: float, chain_length: int) -> OverflowReport:
     """The report of :func:`diagnose` from its replay of the batch (arguments checked)."""
     forward = ForwardWatch(replay.params).run(replay.loss)
-    report = _forward_report(forward, replay.loss, scale)
+    values = np.asarray(replay.loss.d, dtype=np.float64)  # summed if the loss is not a scalar
+    loss_value = float(values.reshape(-1)[0]) if values.size == 1 else float(values.sum())
+    report = OverflowReport(kind="not_reproduced", scale=scale,
+                            num_functions=len(forward.records), loss_value=loss_value)
     at_scale = replay.backward(scale)
     report.nonfinite_params = at_scale.bad_params
     if _forward_is_to_blame(report, forward.culprit, at_scale):
@@ -115,15 +118,6 @@ def _checked_arguments(loss: Any, scale: float, params: Optional[Mapping[str, An
         raise TypeError(f"params must be None or a mapping name -> nnabla.Variable "
                         f"(e.g. solver.get_parameters()), got {type(params).__name__}")
     return scale, params, chain_length
-
-
-def _forward_report(forward: ForwardWatch, loss: Any, scale: float) -> OverflowReport:
-    """The report as the forward pass leaves it: nothing found yet, the number of functions
-    and the loss value before any scaling (summed if the loss is not a scalar)."""
-    values = np.asarray(loss.d, dtype=np.float64)
-    loss_value = float(values.reshape(-1)[0]) if loss.size == 1 else float(values.sum())
-    return OverflowReport(kind="not_reproduced", scale=scale,
-                          num_functions=len(forward.records), loss_value=loss_value)
 
 
 @dataclass

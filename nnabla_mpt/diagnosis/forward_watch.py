@@ -32,11 +32,11 @@ def _scope_of(names: List[str]) -> Optional[str]:
 
 @dataclass
 class FunctionRecord:
-    """One function of the forward pass: its type and the hashes of its variables."""
+    """One function of the forward pass: its type, the hashes of its inputs and the names of
+    the parameters among them."""
 
     type_name: str
     inputs: List[int]
-    outputs: List[int]
     params: List[str]
 
 
@@ -91,14 +91,11 @@ class ForwardWatch(FunctionHooks):
     def on_pre(self, f: Any) -> None:
         if self.culprit is not None:
             return
-        bad = []
         leaves = [v for v in f.inputs if v.parent is None]
         for v in leaves:
-            h = hash(v)
-            if h not in self.finite:
-                self.finite[h] = array_stats(v.d)[0] == 0
-            if not self.finite[h]:
-                bad.append(self.name_of(v))
+            if hash(v) not in self.finite:
+                self.finite[hash(v)] = array_stats(v.d)[0] == 0
+        bad = [self.name_of(v) for v in leaves if not self.finite[hash(v)]]
         if bad:
             k = self._add_record(f)
             self.culprit = dict(kind="data", phase="forward", f=f, index=k,
@@ -110,13 +107,10 @@ class ForwardWatch(FunctionHooks):
         k = self._add_record(f)
         if self.culprit is not None:
             return
-        outputs_finite = True
         for v in f.outputs:
-            fin = array_stats(v.d)[0] == 0
-            self.finite[hash(v)] = fin
-            outputs_finite &= fin
-        if not outputs_finite and all(self.finite.get(hash(v), True)
-                                      for v in f.inputs):
+            self.finite[hash(v)] = array_stats(v.d)[0] == 0
+        if not all(self.finite[hash(v)] for v in f.outputs) and all(
+                self.finite.get(hash(v), True) for v in f.inputs):
             self.culprit = dict(kind="model", phase="forward", f=f, index=k)
 
     def _add_record(self, f: Any) -> int:
@@ -124,7 +118,7 @@ class ForwardWatch(FunctionHooks):
         k = len(self.records)
         ins = [hash(v) for v in f.inputs]
         outs = [hash(v) for v in f.outputs]
-        self.records.append(FunctionRecord(f.info.type_name, ins, outs,
+        self.records.append(FunctionRecord(f.info.type_name, ins,
                                            [self.param_names[h] for h in ins
                                             if h in self.param_names]))
         self.fwd_index[hash(f)] = k

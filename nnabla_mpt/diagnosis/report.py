@@ -151,16 +151,16 @@ class OverflowReport:
                 bad = f", {self.input_nonfinite[k]} inf/NaN" if self.input_nonfinite[k] else ""
                 lines.append(f"    input {k}: {name} {self.input_dtypes[k]} "
                              f"{self.input_shapes[k]}, max |x| "
-                             f"{_fmt_num(self.input_max_abs[k])} (finite part), min |x| "
-                             f"{_fmt_num(self.input_min_abs[k])}{bad}")
+                             f"{self.input_max_abs[k]:.6g} (finite part), min |x| "
+                             f"{self.input_min_abs[k]:.6g}{bad}")
             for k, shape in enumerate(self.output_shapes):
                 lines.append(f"    output {k}: {self.output_dtypes[k]} {shape}")
             if self.output_grad_max_abs:
                 at = 1.0 if self.kind == "model" else self.scale
                 lines.append("    gradient flowing in: max |g| "
-                             + ", ".join(_fmt_num(g) for g in self.output_grad_max_abs)
+                             + ", ".join(f"{g:.6g}" for g in self.output_grad_max_abs)
                              + f" (finite, at scale {fmt_scale(at)})")
-        lines.append(f"  Loss before scaling: {_fmt_num(self.loss_value)}"
+        lines.append(f"  Loss before scaling: {self.loss_value:.6g}"
                      + ("" if self.loss_finite else
                         " -- non-finite before any scaling: a model/data problem, "
                         "not an overflow"))
@@ -169,7 +169,7 @@ class OverflowReport:
                        + (", ".join(self.nonfinite_params) or "none"))
         if self.max_grad_at_scale_one is not None:
             lines += _wrap(f"Largest gradient at scale 1: "
-                           f"{_fmt_num(self.max_grad_at_scale_one)}"
+                           f"{self.max_grad_at_scale_one:.6g}"
                            + (f"; scales up to {fmt_scale(self.max_safe_scale)} keep it "
                               "in range" if self.max_safe_scale else ""))
         lines += _wrap(f"Why it matters: {self._why()}")
@@ -238,15 +238,7 @@ def _wrap(text: str, width: int = 88) -> List[str]:
                          break_long_words=False, break_on_hyphens=False)
 
 
-def _fmt_num(x: Optional[float]) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:.6g}"          # "nan", "inf" and "-inf" as they are
-
-
-def fmt_scale(s: Optional[float]) -> str:
-    if s is None:
-        return "n/a"
+def fmt_scale(s: float) -> str:
     if s > 0 and math.isfinite(s):
         e = math.log2(s)
         if e == int(e) and abs(e) >= 4:

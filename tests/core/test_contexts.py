@@ -33,7 +33,7 @@ def _trajectory(net, steps=14, **options):
 @pytest.mark.parametrize("backends, runs_as", MIXED_HALF_AS)
 def test_the_type_configuration_is_the_first_backend_nnabla_runs(backends, runs_as):
     net = Net(ctx=nn.Context(backends, "CpuCachedArray", ""), hidden=4)
-    assert graph.precision_of(net.loss) == runs_as
+    assert graph.type_config_of(net.loss) == runs_as
     ceiling = graph.float_type_of(net.loss).max_power_of_two
     assert ceiling == (2.0 ** 15 if runs_as == "half" else 2.0 ** 127)
     net.feed(0)

@@ -64,7 +64,7 @@ def test_the_gradients_of_a_float16_network_are_float16_under_a_float32_loss():
     params = dict(nn.get_parameters(), unused=extra)
     params = {name: v for name, v in params.items() if name.startswith("dtypes/")
               or name == "unused"}
-    assert graph.loss_dtype(loss) == "float32" and graph.precision_of(loss) == "float"
+    assert graph.loss_dtype(loss) == "float32" and graph.type_config_of(loss) == "float"
     assert graph.gradient_dtypes(loss, params) == {
         "dtypes/a/affine/W": "float16", "dtypes/a/affine/b": "float16",
         "dtypes/b/affine/W": "float16", "dtypes/b/affine/b": "float16"}
