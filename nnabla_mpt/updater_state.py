@@ -17,8 +17,7 @@ from .files import checkpoint
 from .core.dtypes import FloatType
 from .scale.scale_history import checked_state
 
-#: The version of the state's format (one: the format has not changed since it was
-#: released).
+#: The version of the state's format: the first (0.1.0's).
 VERSION = 1
 
 #: The updater's counters, integers >= 0.

@@ -16,6 +16,9 @@ MAX_CLASS_LINES = 240
 MAX_MODULE_LINES = 450
 #: Lines holding code: not blank, not only a comment, not part of a docstring.
 MAX_MODULE_CODE_LINES = 300
+#: Lines of code of the whole package outside ``report/`` (which reads a run back after
+#: training): the step, its options and its parts.
+MAX_PACKAGE_CODE_LINES = 5100
 
 
 def page_modules():
@@ -120,6 +123,13 @@ def test_every_module_fits_on_a_few_pages():
         if lines > MAX_MODULE_LINES or code > MAX_MODULE_CODE_LINES:
             too_long[name] = (lines, code)
     assert not too_long
+
+
+def test_the_package_outside_the_report_stays_within_its_size():
+    code = {name: len(code_lines((PACKAGE / name).read_text(encoding="utf-8")))
+            for name in package_modules() if not name.startswith("report/")}
+    assert len(code) > 50 and min(code.values()) == 0 < max(code.values())
+    assert sum(code.values()) <= MAX_PACKAGE_CODE_LINES
 
 
 def test_code_lines_leave_out_docstrings_comments_and_blank_lines():

@@ -25,6 +25,7 @@ from typing import BinaryIO, Callable
 
 from . import regular_file
 
+
 def write(path: str, fill: Callable[[BinaryIO], None], what: str) -> None:
     """Replaces the file at ``path`` (or at the target of the symlink ``path``) by what
     ``fill(f)`` writes to the binary file ``f``, atomically.

@@ -3,6 +3,7 @@ to root where a read-only file system or ``/proc`` still refuses."""
 import os
 import tempfile
 
+
 def cannot_write_in(folder: str) -> str:
     """Why no file can be written in ``folder`` (the system's words), or ``""``."""
     try:

@@ -123,8 +123,8 @@ class PrecisionSchedule:
     Given to an updater as ``schedule=``, it runs ``loss`` (built under a half context) in
     reduced precision first, then ``high_precision_loss`` (the same network's loss built
     under the float context, sharing the parameters) run with scale 1 and the overflow
-    check kept. The updater keeps a schedule of its own (``updater.schedule``), built from
-    this one's arguments: the switch of one run is never carried into another.
+    check kept. The updater runs this very object (``updater.schedule is schedule``) and
+    records its switch in it: give each run a schedule of its own.
 
     Args:
         mode: ``"TYPE|TRIGGER|VALUE"``, e.g. ``"fast|step|0.9"`` (see the module).
@@ -178,13 +178,12 @@ class PrecisionSchedule:
         """Whether step ``step`` runs in reduced precision."""
         return self.switch_step is None or step < self.switch_step
 
-    def observe_loss(self, step: int, loss: float) -> bool:
-        """Loss trigger: records the loss of ``step``; True when this step set the switch."""
-        if not self.needs_loss or not loss <= self.loss_threshold:
-            return False
-        self.switch_step = step + 1
-        self.switch_loss = float(loss)
-        return True
+    def observe_loss(self, step: int, loss: float) -> None:
+        """Loss trigger: records the loss of ``step``; the first at or below
+        :attr:`loss_threshold` sets the switch (:attr:`switch_step` is ``step + 1``)."""
+        if self.needs_loss and loss <= self.loss_threshold:
+            self.switch_step = step + 1
+            self.switch_loss = float(loss)
 
     def describe_switch(self) -> str:
         """One line for the log: when and why the run switched."""

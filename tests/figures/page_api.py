@@ -102,7 +102,5 @@ NOT_MEASURED = {
     "(at 100 dpi": "the resolution draw saves at, a constant of its code",
     "is the last one in reduced precision": PRONOUN,
     "(built under a half context)": HALF,
-    "built from this one's arguments": PRONOUN,
-    "the switch of one run is never carried into another": DESIGN,
     "One line for the log": "the form of the log's message",
 }

@@ -15,8 +15,6 @@ NOT_MEASURED = {
         "the digits a VALUE is written with, and the rule that one value is one schedule",
     "builds the network twice, once under the half context": "the schedule's two graphs, "
                                                              "its design; " + HALF,
-    "built from the one it is given": PRONOUN,
-    "the switch of one run is never carried into another": DESIGN,
     "``high_precision_loss`` runs with scale 1": NO_SCALE,
     "``updater.scale`` reads 1 from then on": NO_SCALE,
     "no backend of nnabla 1.39 has one": PRONOUN,
