@@ -17,7 +17,7 @@ Example:
     1024.0
 """
 import math
-from typing import Any, Callable, Dict, Literal, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Literal, Mapping, Optional, Tuple, get_args
 
 from ..core import _validate as check
 from ..core.dtypes import FLOATS
@@ -28,7 +28,7 @@ _DYNAMIC_STATE_VERSION = _FIXED_STATE_VERSION = 1
 SCALE_LIMIT = FLOATS["float32"].max
 
 GrowthMode = Literal["probe", "measured"]
-GROWTH_MODES = ("probe", "measured")
+GROWTH_MODES = get_args(GrowthMode)
 #: The first scale of a :class:`DynamicLossScale` given none: the largest float16 can seed.
 DEFAULT_INIT_SCALE = 2.0 ** 15
 #: The bounds and the hysteresis of a :class:`DynamicLossScale` made without them, and of
